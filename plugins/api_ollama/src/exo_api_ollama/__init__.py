@@ -1,0 +1,1 @@
+"""exo plugin api_ollama."""

@@ -1,0 +1,1 @@
+"""Hook implementations of the api_openai plugin."""

@@ -1,0 +1,1 @@
+"""exo plugin download_hf."""

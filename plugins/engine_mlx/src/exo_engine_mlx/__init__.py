@@ -1,0 +1,1 @@
+"""exo plugin engine_mlx."""

@@ -1,0 +1,1 @@
+"""exo plugin transport_libp2p."""

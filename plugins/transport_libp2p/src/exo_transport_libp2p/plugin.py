@@ -1,0 +1,1 @@
+"""Hook implementations of the transport_libp2p plugin."""
