@@ -102,7 +102,8 @@ async def wait_mesh(transports: list[Transport], boxes: list[Inbox], topic: str)
 
     def everyone_heard() -> bool:
         return all(
-            {m.sender for m in box.messages[topic]} >= {t.node_id for t in transports} - {me.node_id}
+            {m.sender for m in box.messages[topic]}
+            >= {t.node_id for t in transports} - {me.node_id}
             for box, me in zip(boxes, transports, strict=True)
         )
 
@@ -200,7 +201,9 @@ async def test_large_publish_is_refused_or_delivered(transport_cluster: ClusterF
             await boxes[1].wait_for(lambda: len(boxes[1].messages["big"]) >= 1)
             assert boxes[1].messages["big"][0].payload == big
         await nodes[0].publish("big", b"small")  # the node is still healthy
-        await boxes[1].wait_for(lambda: any(m.payload == b"small" for m in boxes[1].messages["big"]))
+        await boxes[1].wait_for(
+            lambda: any(m.payload == b"small" for m in boxes[1].messages["big"])
+        )
 
 
 @pytest.mark.anyio

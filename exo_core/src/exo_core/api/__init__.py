@@ -1,0 +1,1 @@
+"""The node's HTTP API: the Litestar app host and the native routes."""

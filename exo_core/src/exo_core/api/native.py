@@ -1,0 +1,181 @@
+"""The native API: cluster state, events, models and instances. Keys are snake_case."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.exceptions import NotFoundException, ValidationException
+from litestar.response import ServerSentEvent, ServerSentEventMessage
+
+from exo_core.api.errors import native_error
+from exo_core.commands import DeleteInstance, PlaceInstance
+from exo_core.ids import InstanceId, ModelId
+from exo_core.node import Node
+from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.state import DownloadStatus, Sharding
+
+
+class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
+    model_id: str
+    sharding: Sharding = "pipeline"
+    min_nodes: int = 1
+
+
+class InstanceCreatedBody(msgspec.Struct):
+    instance_id: str
+    model_id: str
+    event_index: int
+
+
+def _subtree(value: Any, path: str) -> Any:
+    for part in (p for p in path.split("/") if p):
+        if isinstance(value, dict) and part in value:
+            value = value[part]
+        elif isinstance(value, list) and part.isdigit() and int(part) < len(value):
+            value = value[int(part)]
+        else:
+            raise NotFoundException(f"state has no path '{path}' (no '{part}')")
+    return value
+
+
+class NativeController(Controller):
+    tags = ["native"]
+
+    @get("/node_id")
+    async def node_id(self, node: Node) -> dict[str, str]:
+        return {"node_id": node.node_id}
+
+    @get("/healthz")
+    async def healthz(self, node: Node) -> dict[str, Any]:
+        state = node.state
+        return {
+            "status": "ok",
+            "node_id": node.node_id,
+            "master": state.master.node_id if state.master else None,
+            "last_index": state.last_index,
+        }
+
+    @get("/state")
+    async def state(self, node: Node) -> Response[bytes]:
+        return Response(msgspec.json.encode(node.state), media_type="application/json")
+
+    @get("/state/{path:path}")
+    async def state_path(self, node: Node, path: str) -> Any:
+        return _subtree(msgspec.to_builtins(node.state), path)
+
+    @get("/events")
+    async def events(self, node: Node, since: int = 0) -> ServerSentEvent:
+        """Indexed events from `since` on, then live, as server-sent events (id = index)."""
+        if since < 0:
+            raise ValidationException("since must not be negative")
+
+        async def stream() -> AsyncIterator[ServerSentEventMessage]:
+            cursor = since
+            replica = node.replica
+            while True:
+                while cursor < replica.next_index:
+                    for event in replica.log.read(cursor, cursor + 1000):
+                        yield ServerSentEventMessage(
+                            data=msgspec.json.encode(event).decode(),
+                            event="event",
+                            id=str(event.index),
+                        )
+                        cursor = event.index + 1
+                await replica.wait_change()
+
+        return ServerSentEvent(stream())
+
+    @get("/models")
+    async def models(
+        self, node: Node, status: Literal["downloaded"] | None = None
+    ) -> dict[str, Any]:
+        state = node.state
+        out = []
+        for card in node.cards().values():
+            downloads = {
+                node_id: msgspec.to_builtins(per_model[card.model_id])
+                for node_id, per_model in state.downloads.items()
+                if card.model_id in per_model
+            }
+            downloaded = any(d["status"] == DownloadStatus.COMPLETED for d in downloads.values())
+            if status == "downloaded" and not downloaded:
+                continue
+            out.append({**msgspec.to_builtins(card), "downloads": downloads})
+        return {"models": out}
+
+    @post("/instance", status_code=201)
+    async def place_instance(self, node: Node, data: PlaceInstanceBody) -> Response[Any]:
+        if data.min_nodes < 1:
+            raise ValidationException("min_nodes must be at least 1")
+        command = PlaceInstance(
+            model_id=ModelId(data.model_id), sharding=data.sharding, min_nodes=data.min_nodes
+        )
+        result = await node.send_command(command)
+        if not result.ok or result.instance_id is None:
+            return native_error(result.status, result.message)
+        await node.replica.wait_for(result.last_index, timeout=5)
+        body = InstanceCreatedBody(
+            instance_id=result.instance_id, model_id=data.model_id, event_index=result.last_index
+        )
+        return Response(body, status_code=201)
+
+    @get("/instance/previews")
+    async def previews(
+        self, node: Node, model_id: str, sharding: Sharding | None = None, min_nodes: int = 1
+    ) -> Response[Any]:
+        if node.card(model_id) is None:
+            return native_error(404, f"unknown model '{model_id}'")
+        request = PlacementRequest(
+            model_id=ModelId(model_id), sharding=sharding, min_nodes=min_nodes
+        )
+        try:
+            options = node.place_options(request)
+        except PlacementRefused as e:
+            return Response({"model_id": model_id, "previews": [], "refused": str(e)})
+        previews = [
+            {
+                "sharding": o.sharding,
+                "nodes": [
+                    {
+                        "node_id": s.node_id,
+                        "start_layer": s.start_layer,
+                        "end_layer": s.end_layer,
+                        "memory_bytes": s.memory_bytes,
+                    }
+                    for s in o.shares
+                ],
+            }
+            for o in options
+        ]
+        return Response({"model_id": model_id, "previews": previews, "refused": None})
+
+    @get("/instance/{instance_id:str}")
+    async def get_instance(self, node: Node, instance_id: str) -> Any:
+        state = node.state
+        instance = state.instances.get(InstanceId(instance_id))
+        if instance is None:
+            raise NotFoundException(f"unknown instance '{instance_id}'")
+        runners = {
+            s.runner_id: msgspec.to_builtins(state.runners[s.runner_id])
+            for s in instance.shards
+            if s.runner_id in state.runners
+        }
+        return {**msgspec.to_builtins(instance), "runners": runners}
+
+    @delete("/instance/{instance_id:str}", status_code=200)
+    async def delete_instance(self, node: Node, instance_id: str) -> Response[Any]:
+        result = await node.send_command(DeleteInstance(instance_id=InstanceId(instance_id)))
+        if not result.ok:
+            return native_error(result.status, result.message)
+        await node.replica.wait_for(result.last_index, timeout=5)
+        return Response({"instance_id": instance_id, "deleted": True})
+
+    @get("/plugins")
+    async def plugins(self, node: Node, request: Request) -> dict[str, Any]:
+        return {
+            "plugins": [msgspec.to_builtins(p) for p in node.plugins.plugins()],
+            "failed": [msgspec.to_builtins(f) for f in node.plugins.failures],
+        }

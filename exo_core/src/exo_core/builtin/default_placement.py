@@ -1,0 +1,16 @@
+"""The default placement strategy, registered `trylast` so any plugin's strategy runs first."""
+
+from __future__ import annotations
+
+from exo_core import placement
+from exo_core.hookspecs import hookimpl
+from exo_core.model_cards import ModelCard
+from exo_core.placement_types import PlacementOption, PlacementRequest
+from exo_core.state import State
+
+
+@hookimpl(trylast=True)
+def exo_place_instance(
+    card: ModelCard, request: PlacementRequest, state: State
+) -> list[PlacementOption]:
+    return placement.place(card, request, state)

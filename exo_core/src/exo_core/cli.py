@@ -1,0 +1,127 @@
+"""The `exo` command: start a node, list plugins, and plugins' own subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+from loguru import logger
+
+from exo_core.config import NodeConfig, default_data_dir
+from exo_core.logs import setup_logging
+from exo_core.plugin_host import PluginHost, load_plugins
+
+_CORE_DESTS = {
+    "api_host", "api_port", "data_dir", "verbose", "quiet", "no_api", "no_worker",
+    "force_master", "namespace", "offline", "bootstrap_peers", "libp2p_port", "listen_host",
+    "no_mdns", "no_auto_place", "disable_plugin", "transport", "command", "func",
+}  # fmt: skip
+
+
+def _peers(value: str) -> list[str]:
+    return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="exo", description="Run an exo node: join this machine to an AI cluster."
+    )
+    add = parser.add_argument
+    add("--api-host", default="127.0.0.1", help="address the HTTP API listens on")
+    add("--api-port", type=int, default=52415, help="port of the HTTP API")
+    add("--data-dir", default=default_data_dir(), help="where the node keeps its log and models")
+    add("-v", "--verbose", action="count", default=0, help="more logging")
+    add("-q", "--quiet", action="count", default=0, help="less logging")
+    add("--no-api", action="store_true", help="serve no HTTP API")
+    add("--no-worker", action="store_true", help="run no models on this node")
+    add("--force-master", action="store_true", help="win every master election")
+    add("--namespace", default=os.environ.get("EXO_NAMESPACE", "default"),
+        help="only nodes with the same namespace form a cluster")  # fmt: skip
+    add("--offline", action="store_true", help="use only models already on disk")
+    add("--bootstrap-peers", type=_peers, default=_peers(os.environ.get("EXO_BOOTSTRAP_PEERS", "")),
+        help="comma-separated multiaddrs of peers to connect to")  # fmt: skip
+    add("--libp2p-port", type=int, default=0, help="fixed port for the node transport (0: any)")
+    add("--listen-host", default="0.0.0.0", help="address the node transport listens on")
+    add("--no-mdns", action="store_true", help="do not discover peers on the local network")
+    add("--no-auto-place", action="store_true",
+        help="do not place a model automatically when a request names it")  # fmt: skip
+    add("--transport", default="", help="transport plugin to use ('memory': run alone)")
+    add("--disable-plugin", action="append", default=[], metavar="NAME",
+        help="leave a plugin out (repeatable); see `exo plugins`")  # fmt: skip
+    plugins.hook.exo_add_cli_options(parser=parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    listing = sub.add_parser("plugins", help="list the plugins that are loaded")
+    listing.set_defaults(func=lambda args: _list_plugins(plugins))
+    plugins.hook.exo_cli_commands(subparsers=sub)
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> NodeConfig:
+    return NodeConfig(
+        api_host=args.api_host,
+        api_port=args.api_port,
+        data_dir=str(Path(args.data_dir).expanduser()),
+        api=not args.no_api,
+        worker=not args.no_worker,
+        force_master=args.force_master,
+        namespace=args.namespace,
+        offline=args.offline or os.environ.get("EXO_OFFLINE", "") not in ("", "0"),
+        bootstrap_peers=args.bootstrap_peers,
+        libp2p_port=args.libp2p_port,
+        listen_host=args.listen_host,
+        mdns=not args.no_mdns,
+        auto_place=not args.no_auto_place,
+        verbosity=args.verbose - args.quiet,
+        disabled_plugins=args.disable_plugin,
+        transport=args.transport,
+        plugin_options={k: v for k, v in vars(args).items() if k not in _CORE_DESTS},
+    )
+
+
+def _list_plugins(plugins: PluginHost) -> int:
+    for info in plugins.plugins():
+        print(f"{info.name:<20} {info.distribution} {info.version}  hooks: {', '.join(info.hooks)}")
+    for failure in plugins.failures:
+        print(f"{failure.name:<20} FAILED TO LOAD: {failure.error}")
+    return 0
+
+
+def _disabled_from(argv: Sequence[str]) -> list[str]:
+    """`--disable-plugin` must be known before the parser exists (plugins add options to it)."""
+    names, it = [], iter(argv)
+    for arg in it:
+        if arg == "--disable-plugin":
+            names.append(next(it, ""))
+        elif arg.startswith("--disable-plugin="):
+            names.append(arg.split("=", 1)[1])
+    return [n for n in names if n]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plugins = load_plugins(disabled=_disabled_from(argv))
+    args = build_parser(plugins).parse_args(argv)
+    if args.command:
+        return int(args.func(args) or 0)
+    config = config_from_args(args)
+    setup_logging(config.verbosity, config.data_path)
+    for failure in plugins.failures:
+        logger.error(f"plugin {failure.name} was skipped: {failure.error}")
+    from exo_core.server import run_node
+
+    try:
+        anyio.run(run_node, config, plugins)
+    except KeyboardInterrupt:
+        pass
+    except Exception as e:
+        logger.error(f"exo stopped: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""A node's configuration, built from the command line and environment."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import platformdirs
+
+
+def default_data_dir() -> str:
+    """`$EXO_HOME`, else the XDG data directory (`~/.local/share/exo` on Linux)."""
+    return os.environ.get("EXO_HOME") or platformdirs.user_data_dir("exo", appauthor=False)
+
+
+class NodeConfig(msgspec.Struct, kw_only=True):
+    api_host: str = "127.0.0.1"
+    api_port: int = 52415
+    data_dir: str = msgspec.field(default_factory=default_data_dir)
+    api: bool = True
+    worker: bool = True
+    force_master: bool = False
+    namespace: str = "default"
+    offline: bool = False
+    bootstrap_peers: list[str] = msgspec.field(default_factory=list)
+    libp2p_port: int = 0
+    listen_host: str = "0.0.0.0"
+    mdns: bool = True
+    auto_place: bool = True
+    verbosity: int = 0
+    disabled_plugins: list[str] = msgspec.field(default_factory=list)
+    # The transport to use: a plugin's name, "memory" for the in-process one, or "" for the
+    # first plugin that offers one.
+    transport: str = ""
+    # Options that plugins added to the command line, by argparse dest.
+    plugin_options: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir)
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_path / "models"

@@ -1,0 +1,154 @@
+"""The master's decisions: a command and the current state in, events out. Pure.
+
+Refusals raise `CommandRefused` with an HTTP-like status and a message that says what was wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exo_core.commands import (
+    AddModelCard,
+    CancelTask,
+    Command,
+    DeleteDownload,
+    DeleteInstance,
+    PlaceInstance,
+    RemoveModelCard,
+    ReportEvents,
+    SubmitTask,
+)
+from exo_core.events import (
+    DownloadDeleted,
+    Event,
+    InstanceCreated,
+    InstanceDeleted,
+    ModelCardAdded,
+    ModelCardRemoved,
+    TaskCreated,
+    TaskStatusChanged,
+)
+from exo_core.ids import InstanceId, ModelId, RunnerId, new_id
+from exo_core.model_cards import ModelCard
+from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.state import Instance, ShardAssignment, State, TaskStatus
+
+RING_PORT_BASE = 53100
+
+
+class CommandRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class MasterContext:
+    """What the master consults besides state: the model cards and the placement hook."""
+
+    card: Callable[[ModelId], ModelCard | None]
+    place: Callable[[ModelCard, PlacementRequest, State], list[PlacementOption]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    events: list[Event]
+    instance_id: InstanceId | None = None
+
+
+def ring_ports(state: State, world_size: int) -> list[int]:
+    """Ports for a new ring, distinct from those of every existing instance."""
+    used = {
+        int(s.ring_address.rsplit(":", 1)[1])
+        for inst in state.instances.values()
+        for s in inst.shards
+        if s.ring_address
+    }
+    ports, port = [], RING_PORT_BASE
+    while len(ports) < world_size:
+        if port not in used:
+            ports.append(port)
+        port += 1
+    return ports
+
+
+def build_instance(state: State, option: PlacementOption, instance_id: InstanceId) -> Instance:
+    k = len(option.shares)
+    ports = ring_ports(state, k) if k > 1 else []
+    shards = []
+    for rank, share in enumerate(option.shares):
+        node = state.nodes.get(share.node_id)
+        host = node.addresses[0] if node and node.addresses else "127.0.0.1"
+        shards.append(
+            ShardAssignment(
+                node_id=share.node_id,
+                runner_id=RunnerId(f"{instance_id}-r{rank}"),
+                rank=rank,
+                world_size=k,
+                start_layer=share.start_layer,
+                end_layer=share.end_layer,
+                ring_address=f"{host}:{ports[rank]}" if k > 1 else "",
+            )
+        )
+    return Instance(
+        instance_id=instance_id,
+        model_id=option.model_id,
+        sharding=option.sharding,
+        shards=tuple(shards),
+    )
+
+
+def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
+    match command:
+        case PlaceInstance():
+            card = ctx.card(command.model_id)
+            if card is None:
+                raise CommandRefused(404, f"unknown model '{command.model_id}'")
+            if command.instance_id in state.instances:
+                raise CommandRefused(409, f"instance '{command.instance_id}' already exists")
+            request = PlacementRequest(
+                model_id=command.model_id, sharding=command.sharding, min_nodes=command.min_nodes
+            )
+            try:
+                options = ctx.place(card, request, state)
+            except PlacementRefused as e:
+                raise CommandRefused(409, f"cannot place {command.model_id}: {e}") from e
+            instance_id = command.instance_id or InstanceId(new_id("inst"))
+            instance = build_instance(state, options[0], instance_id)
+            return Decision([InstanceCreated(instance=instance)], instance_id)
+        case DeleteInstance():
+            if command.instance_id not in state.instances:
+                raise CommandRefused(404, f"unknown instance '{command.instance_id}'")
+            events: list[Event] = [
+                TaskStatusChanged(
+                    task_id=t.task_id, status=TaskStatus.CANCELLED, error="instance deleted"
+                )
+                for t in state.tasks.values()
+                if t.instance_id == command.instance_id
+            ]
+            events.append(InstanceDeleted(instance_id=command.instance_id, reason=command.reason))
+            return Decision(events, command.instance_id)
+        case SubmitTask():
+            if command.task.instance_id not in state.instances:
+                raise CommandRefused(404, f"unknown instance '{command.task.instance_id}'")
+            if command.task.task_id in state.tasks:
+                return Decision([])  # a retried submission
+            return Decision([TaskCreated(task=command.task)])
+        case CancelTask():
+            if command.task_id not in state.tasks:
+                return Decision([])  # already finished: cancelling is idempotent
+            return Decision(
+                [TaskStatusChanged(task_id=command.task_id, status=TaskStatus.CANCELLED)]
+            )
+        case AddModelCard():
+            return Decision([ModelCardAdded(card=command.card)])
+        case RemoveModelCard():
+            if command.model_id not in state.model_cards:
+                raise CommandRefused(404, f"no custom model '{command.model_id}'")
+            return Decision([ModelCardRemoved(model_id=command.model_id)])
+        case DeleteDownload():
+            return Decision([DownloadDeleted(node_id=command.node_id, model_id=command.model_id)])
+        case ReportEvents():
+            return Decision(list(command.events))

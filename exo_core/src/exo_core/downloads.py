@@ -1,0 +1,32 @@
+"""The contract between the core and a downloader plugin."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from pathlib import Path
+
+from exo_core.model_cards import ModelCard
+from exo_core.state import DownloadProgress
+
+ProgressReporter = Callable[[DownloadProgress], None]
+
+
+class DownloadFailed(RuntimeError):
+    """The model could not be fetched; the message says why (offline, missing, hash...)."""
+
+
+class Downloader(abc.ABC):
+    @abc.abstractmethod
+    def find_local(self, card: ModelCard) -> Path | None:
+        """The directory holding the complete model, if any is on disk."""
+
+    @abc.abstractmethod
+    async def ensure(self, card: ModelCard, report: ProgressReporter) -> Path:
+        """Download what is missing (resuming partial files) and return the model directory.
+
+        Reports progress about once a second. Raises `DownloadFailed`."""
+
+    @abc.abstractmethod
+    async def delete(self, card: ModelCard) -> bool:
+        """Delete the model's files; False when they are in a read-only directory or absent."""

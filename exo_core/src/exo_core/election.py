@@ -1,0 +1,115 @@
+"""Master election: deterministic, term based.
+
+Every node broadcasts a `Campaign` twice a second. Among the nodes heard recently, the one with
+the best key leads: `force_master`, then the highest term, then election priority, then
+seniority, then the most commands seen, then node id. A node that claims mastership with a
+higher term than ours is followed at once; a master that sees such a claim steps down, so at
+most one master is accepted per term. With no live master, the best candidate takes the next
+term after a short settling time (long enough to hear everyone).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import anyio
+from loguru import logger
+
+from exo_core.ids import NodeId
+from exo_core.wire import Campaign
+
+
+@dataclass(frozen=True)
+class ElectionTiming:
+    heartbeat: float = 0.5
+    # A node unheard for this long is out of the race (and a master unheard so long is lost).
+    timeout: float = 2.0
+    # How long a node listens before it may claim mastership.
+    settle: float = 1.0
+
+
+def rank_key(c: Campaign) -> tuple[bool, int, int, int, int, str]:
+    return (c.force_master, c.term, c.priority, -c.seniority, c.commands_seen, c.node_id)
+
+
+class Election:
+    def __init__(
+        self,
+        me: Callable[[], Campaign],
+        broadcast: Callable[[Campaign], Awaitable[None]],
+        become_master: Callable[[int], Awaitable[None]],
+        follow: Callable[[NodeId, int], Awaitable[None]],
+        step_down: Callable[[], Awaitable[None]],
+        timing: ElectionTiming = ElectionTiming(),
+    ) -> None:
+        self._me = me
+        self._broadcast = broadcast
+        self._become_master = become_master
+        self._follow = follow
+        self._step_down = step_down
+        self.timing = timing
+        self._heard: dict[NodeId, tuple[Campaign, float]] = {}
+        self._started = time.monotonic()
+        self._lost_master_at: float | None = None
+        self.master: NodeId | None = None
+        self.term = 0
+
+    def observe(self, campaign: Campaign) -> None:
+        self._heard[campaign.node_id] = (campaign, time.monotonic())
+
+    def forget(self, node_id: NodeId) -> None:
+        self._heard.pop(node_id, None)
+
+    def _alive(self) -> list[Campaign]:
+        now = time.monotonic()
+        return [c for c, at in self._heard.values() if now - at < self.timing.timeout]
+
+    async def run(self) -> None:
+        while True:
+            me = self._me()
+            try:
+                await self._broadcast(me)
+            except Exception as e:  # never let a broadcast failure stop elections
+                logger.debug(f"campaign broadcast failed: {e!r}")
+            await self.evaluate(me)
+            await anyio.sleep(self.timing.heartbeat)
+
+    async def evaluate(self, me: Campaign) -> None:
+        now = time.monotonic()
+        others = [c for c in self._alive() if c.node_id != me.node_id]
+        masters = [c for c in others if c.is_master]
+        best_master = max(masters, key=lambda c: (c.term, *rank_key(c)), default=None)
+        if me.is_master:
+            if best_master and (best_master.term, *rank_key(best_master)) > (
+                me.term,
+                *rank_key(me),
+            ):
+                logger.info(
+                    f"stepping down: {best_master.node_id} is master of term {best_master.term}"
+                )
+                await self._step_down()
+                await self._set_following(best_master)
+            return
+        if best_master and best_master.term >= self.term:
+            if self.master != best_master.node_id or self.term != best_master.term:
+                await self._set_following(best_master)
+            return
+        # No live master.
+        if self.master is not None and self._lost_master_at is None:
+            logger.warning(f"master {self.master} lost; electing a new one")
+            self._lost_master_at = now
+        if now - self._started < self.timing.settle:
+            return
+        if self._lost_master_at is not None and now - self._lost_master_at < self.timing.settle / 2:
+            return
+        best = max([me, *others], key=rank_key)
+        if best.node_id == me.node_id:
+            term = max([me.term, self.term, *(c.term for c in others)]) + 1
+            self.master, self.term, self._lost_master_at = me.node_id, term, None
+            await self._become_master(term)
+
+    async def _set_following(self, master: Campaign) -> None:
+        self.master, self.term, self._lost_master_at = master.node_id, master.term, None
+        await self._follow(master.node_id, master.term)

@@ -1,0 +1,75 @@
+"""The contract between the core and an inference engine plugin.
+
+An `Engine` says which model cards it can serve and creates `Runner`s. A runner serves one shard
+of one instance on this node; the worker supervises it and restarts it when it dies.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import msgspec
+
+from exo_core.generation import Chunk
+from exo_core.ids import RunnerId, TaskId
+from exo_core.model_cards import ModelCard
+from exo_core.state import Instance, RunnerStatus, ShardAssignment, Task
+
+StatusReporter = Callable[[RunnerStatus, str | None], None]
+"""Called by a runner on each status change, with an error message for FAILED."""
+
+
+class RunnerDied(RuntimeError):
+    """The runner stopped serving without being asked to (crash, load failure, lost group)."""
+
+
+class RunnerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    runner_id: RunnerId
+    instance: Instance
+    shard: ShardAssignment
+    card: ModelCard
+    model_path: str
+    data_dir: str
+
+
+class Runner(abc.ABC):
+    @abc.abstractmethod
+    async def serve(self, report: StatusReporter) -> None:
+        """Start, load, warm up, then serve until `stop()`.
+
+        Reports each status through `report`. Returns after `stop()`; raises `RunnerDied` when
+        the runner ends any other way. Tasks in flight then end with an `ErrorChunk`."""
+
+    @abc.abstractmethod
+    def generate(self, task: Task) -> AsyncIterator[Chunk]:
+        """Run one task. The stream ends with a `FinishChunk` or an `ErrorChunk`.
+
+        On ranks other than 0 of a group the stream carries only the final chunk."""
+
+    @abc.abstractmethod
+    async def cancel(self, task_id: TaskId) -> None:
+        """Stop a task within a few tokens; its stream ends with finish reason `cancelled`."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """End the runner and free everything it holds."""
+
+
+class Engine(abc.ABC):
+    #: A short name, reported in node telemetry as an available backend (e.g. "mlx").
+    name: str = ""
+
+    @abc.abstractmethod
+    def can_serve(self, card: ModelCard) -> bool:
+        """Whether this engine can run the model of `card` (its task and format)."""
+
+    async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
+        """Produce the model's files itself when the card's source is the engine's own (e.g.
+        weights shipped in a package). Return None to let the downloader fetch them."""
+        return None
+
+    @abc.abstractmethod
+    def create_runner(self, spec: RunnerSpec) -> Runner:
+        """A runner for one shard; nothing starts before `serve` is awaited."""

@@ -1,0 +1,153 @@
+"""The generation task every API dialect translates to, and the chunks that come back.
+
+Dialects build `GenerationParams` from their own request types and render `Chunk`s in their own
+wire format; no dialect type crosses into the core. Chunks travel on the data plane (runner to
+node to the API that holds the request) and never enter the replicated log.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+import msgspec
+
+from exo_core.ids import TaskId
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ContentPart(msgspec.Struct, frozen=True, kw_only=True):
+    """One part of a multi-part message. `type` is "text" or "image"."""
+
+    type: Literal["text", "image"]
+    text: str = ""
+    image_url: str = ""
+
+
+class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | tuple[ContentPart, ...] = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if p.type == "text")
+
+    def has_images(self) -> bool:
+        return not isinstance(self.content, str) and any(p.type == "image" for p in self.content)
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A function the model may call, described by a JSON schema."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int | None = None
+
+
+class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
+    """A text generation request, independent of any API dialect."""
+
+    messages: tuple[ChatMessage, ...] = ()
+    # A raw prompt is used as is, without a chat template (Ollama's /api/generate raw mode).
+    prompt: str | None = None
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: Literal["auto", "none", "required"] | str = "auto"
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    sampling: SamplingParams = SamplingParams()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    enable_thinking: bool | None = None
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class TopLogprob(msgspec.Struct, frozen=True):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    time_to_first_token_s: float = 0.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+class TextChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+    text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+class ThinkingChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+    text: str
+
+
+class ToolCallChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+    call: ToolCall
+
+
+class FinishChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The last chunk of a successful (or cancelled, or length-capped) generation."""
+
+    task_id: TaskId
+    finish_reason: FinishReason
+    usage: Usage = Usage()
+
+
+class ErrorChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The last chunk of a failed generation."""
+
+    task_id: TaskId
+    message: str
+
+
+class KeepAliveChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Nothing new yet (a long prefill); dialects send their own keep-alive."""
+
+    task_id: TaskId
+
+
+Chunk = TextChunk | ThinkingChunk | ToolCallChunk | FinishChunk | ErrorChunk | KeepAliveChunk
+TERMINAL_CHUNKS = (FinishChunk, ErrorChunk)

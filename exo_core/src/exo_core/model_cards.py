@@ -1,0 +1,79 @@
+"""Model cards: what the cluster knows about a model before loading it.
+
+Behaviour is decided from a card's fields (family, capabilities, reasoning dialect), never by
+matching substrings of model ids.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable
+from enum import StrEnum
+from pathlib import Path
+
+import msgspec
+
+from exo_core.ids import ModelId
+
+
+class Capability(StrEnum):
+    TEXT = "text"
+    THINKING = "thinking"
+    THINKING_TOGGLE = "thinking_toggle"
+    TOOLS = "tools"
+    VISION = "vision"
+    IMAGE_EDIT = "image_edit"
+
+
+class ModelTask(StrEnum):
+    TEXT_GENERATION = "text_generation"
+    IMAGE_GENERATION = "image_generation"
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything placement, workers and API dialects need to know about one model."""
+
+    model_id: ModelId
+    family: str
+    n_layers: int
+    hidden_size: int
+    num_key_value_heads: int | None = None
+    storage_size_bytes: int
+    quantization: str = "none"
+    base_model: str = ""
+    supports_tensor: bool = False
+    tasks: tuple[ModelTask, ...] = (ModelTask.TEXT_GENERATION,)
+    capabilities: tuple[Capability, ...] = (Capability.TEXT,)
+    # Where the weights come from: "hf:<repo>" (a hub repo), "local:<dir>", or an engine's own
+    # scheme such as "embedded:<name>" for weights shipped inside a Python package.
+    source: str = ""
+    # Parser names for output (thinking blocks, tool calls); see the output parser hook.
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    trust_remote_code: bool = False
+    custom: bool = False
+
+    def has(self, capability: Capability) -> bool:
+        return capability in self.capabilities
+
+
+class ModelCardError(ValueError):
+    """A card file is malformed; the message names the file and the field."""
+
+
+def load_card_file(path: Path) -> ModelCard:
+    try:
+        data = tomllib.loads(path.read_text())
+        return msgspec.convert(data, ModelCard)
+    except (tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
+        raise ModelCardError(f"{path}: {e}") from e
+
+
+def load_card_dir(directory: Path) -> list[ModelCard]:
+    """Every `*.toml` card under `directory`, sorted by file name."""
+    return [load_card_file(p) for p in sorted(directory.glob("**/*.toml"))]
+
+
+def index_cards(cards: Iterable[ModelCard]) -> dict[ModelId, ModelCard]:
+    """Cards by id; a later card with the same id replaces an earlier one."""
+    return {card.model_id: card for card in cards}

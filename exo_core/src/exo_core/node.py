@@ -1,0 +1,419 @@
+"""One exo node: transport, replica, election, master (when elected), worker and API.
+
+API call -> command -> master -> indexed events -> every replica -> worker plans from state
+runner -> chunks -> (data plane) -> the node whose API holds the caller's request
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from loguru import logger
+
+from exo_core.chunks import ChunkRouter
+from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
+from exo_core.config import NodeConfig
+from exo_core.decide import MasterContext
+from exo_core.downloads import Downloader
+from exo_core.election import Election, ElectionTiming
+from exo_core.engine import Engine
+from exo_core.eventlog import EventLog
+from exo_core.events import (
+    IndexedEvent,
+    InstanceDeleted,
+    NodeTelemetry,
+    NodeTimedOut,
+    TaskStatusChanged,
+    TopologyReported,
+)
+from exo_core.generation import (
+    Chunk,
+    FinishChunk,
+    FinishReason,
+    GenerationParams,
+)
+from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
+from exo_core.master import Master
+from exo_core.model_cards import ModelCard, index_cards
+from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
+from exo_core.placement_types import PlacementOption, PlacementRequest
+from exo_core.plugin_host import PluginHost
+from exo_core.replica import Replica
+from exo_core.service import GenerationService
+from exo_core.state import State, TaskStatus
+from exo_core.telemetry import gather_resources, hostname, local_addresses
+from exo_core.transport.base import (
+    PeerDisconnected,
+    Transport,
+    TransportError,
+    TransportLagged,
+    TransportMessage,
+)
+from exo_core.transport.memory import MemoryNetwork
+from exo_core.wire import (
+    ELECTION_TOPIC,
+    EVENTS_TOPIC,
+    Ack,
+    Campaign,
+    CatchUp,
+    ChunkBatch,
+    EventBatch,
+    NotMaster,
+    decode_broadcast,
+    decode_request,
+    decode_response,
+    encode,
+)
+from exo_core.worker import Worker
+
+TELEMETRY_INTERVAL_S = 5.0
+NODE_TIMEOUT_S = 30.0
+
+
+class NoMaster(RuntimeError):
+    """No master answered in time (an election is running or the cluster is partitioned)."""
+
+
+def _persistent_node_id(data_dir: Path) -> NodeId:
+    path = data_dir / "node_id"
+    if path.exists():
+        return NodeId(path.read_text().strip())
+    node_id = f"node-{uuid.uuid4().hex[:16]}"
+    path.write_text(node_id)
+    return NodeId(node_id)
+
+
+class Node:
+    """A running exo node. Plugins see it as their `NodeContext`."""
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        plugins: PluginHost,
+        transport: Transport | None = None,
+        election_timing: ElectionTiming = ElectionTiming(),
+    ) -> None:
+        self.config = config
+        self.plugins = plugins
+        data = config.data_path
+        data.mkdir(parents=True, exist_ok=True)
+        self.transport = transport or self._make_transport(data)
+        self.node_id = NodeId(self.transport.node_id)
+        self.replica = Replica(EventLog(data / "events.log"))
+        self.router = ChunkRouter()
+        self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
+        self.downloader: Downloader | None = plugins.hook.exo_downloader(config=config)
+        self.builtin_cards = index_cards(
+            card for cards in plugins.hook.exo_model_cards(config=config) for card in cards or []
+        )
+        self.parsers: dict[str, ParserFactory] = {}
+        for found in plugins.hook.exo_output_parsers():
+            self.parsers.update(found or {})
+        self.master: Master | None = None
+        self._master_scope: anyio.CancelScope | None = None
+        self.election = Election(
+            me=self._campaign,
+            broadcast=self._broadcast_campaign,
+            become_master=self._become_master,
+            follow=self._follow,
+            step_down=self._step_down,
+            timing=election_timing,
+        )
+        self._priority = sum(p or 0 for p in plugins.hook.exo_election_priority(config=config))
+        self._catch_up_wanted = anyio.Event()
+        self._tg: TaskGroup | None = None
+        self.started_at = time.time()
+        self.ready = anyio.Event()
+        self.replica.listen(self._observe)
+        self.generation = GenerationService(self)
+        self.worker: Worker | None = None
+        if config.worker:
+            self.worker = Worker(
+                node_id=self.node_id,
+                replica=self.replica,
+                engines=self.engines,
+                downloader=self.downloader,
+                cards=self.card,
+                send_command=self.send_command,
+                send_chunk=self.deliver_chunk,
+                models_dir=config.models_dir,
+                data_dir=data,
+            )
+
+    def _make_transport(self, data: Path) -> Transport:
+        if self.config.transport != "memory":
+            chosen = self.plugins.hook.exo_transport(config=self.config)
+            if chosen is not None:
+                return chosen
+            if self.config.transport:
+                raise RuntimeError(f"no plugin provides the transport '{self.config.transport}'")
+        return MemoryNetwork().transport(_persistent_node_id(data))
+
+    # -- what plugins use (NodeContext) -------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self.replica.state
+
+    def card(self, model_id: str) -> ModelCard | None:
+        """A custom card from state, else a built-in card."""
+        return self.state.model_cards.get(ModelId(model_id)) or self.builtin_cards.get(
+            ModelId(model_id)
+        )
+
+    def cards(self) -> dict[ModelId, ModelCard]:
+        return {**self.builtin_cards, **self.state.model_cards}
+
+    def parser_for(self, card: ModelCard, params: GenerationParams) -> OutputParser | None:
+        names = [n for n in (card.reasoning_parser, card.tool_parser) if n]
+        parsers = [self.parsers[n](card, params) for n in names if n in self.parsers]
+        return ChainedParser(parsers) if parsers else None
+
+    def place_options(self, request: PlacementRequest) -> list[PlacementOption]:
+        card = self.card(request.model_id)
+        if card is None:
+            return []
+        return self._place(card, request, self.state)
+
+    def _place(
+        self, card: ModelCard, request: PlacementRequest, state: State
+    ) -> list[PlacementOption]:
+        return self.plugins.hook.exo_place_instance(card=card, request=request, state=state) or []
+
+    async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        """Have the master run `command`; waits through elections up to `timeout` seconds."""
+        envelope = CommandEnvelope(
+            command_id=CommandId(new_id("cmd")), origin=self.node_id, command=command
+        )
+        with anyio.fail_after(timeout, shield=False):
+            while True:
+                if self.master is not None:
+                    return await self.master.handle(envelope)
+                target = self.election.master
+                if target is not None and target != self.node_id:
+                    try:
+                        raw = await self.transport.request(target, encode(envelope), timeout=10)
+                        answer = decode_response(raw)
+                        if isinstance(answer, CommandResult):
+                            return answer
+                    except TransportError as e:
+                        logger.debug(f"command to master {target} failed: {e}")
+                await anyio.sleep(0.1)
+
+    async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
+        if node == self.node_id:
+            self.router.deliver(chunk)
+            return
+        await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
+
+    # -- running ------------------------------------------------------------------------------
+
+    async def run(self, *, extra: list[Callable[[], Awaitable[Any]]] | None = None) -> None:
+        """Run until cancelled. `extra` coroutines (such as the API server) run alongside."""
+        await self.transport.start()
+        logger.info(f"node {self.node_id} started; data in {self.config.data_dir}")
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                self.transport.set_request_handler(self._answer)
+                await self.transport.subscribe(EVENTS_TOPIC)
+                await self.transport.subscribe(ELECTION_TOPIC)
+                tg.start_soon(self._receive)
+                tg.start_soon(self.election.run)
+                tg.start_soon(self._catch_up_loop)
+                tg.start_soon(self._telemetry_loop)
+                if self.worker is not None:
+                    tg.start_soon(self.worker.run)
+                for job in extra or []:
+                    tg.start_soon(job)
+                self.ready.set()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.transport.stop()
+                self.replica.log.close()
+                logger.info(f"node {self.node_id} stopped")
+
+    async def _receive(self) -> None:
+        async for event in self.transport.events():
+            match event:
+                case TransportMessage(topic=topic, sender=sender, payload=payload):
+                    try:
+                        message = decode_broadcast(payload)
+                    except Exception as e:
+                        logger.warning(f"undecodable broadcast from {sender} on {topic}: {e}")
+                        continue
+                    if isinstance(message, Campaign):
+                        self.election.observe(message)
+                    elif isinstance(message, EventBatch):
+                        self._ingest_broadcast(sender, message)
+                case PeerDisconnected(peer=peer):
+                    self.election.forget(NodeId(peer))
+                case TransportLagged(dropped=dropped):
+                    logger.warning(f"transport dropped {dropped} inbound messages; catching up")
+                    self._catch_up_wanted.set()
+                case _:
+                    pass
+
+    def _ingest_broadcast(self, sender: str, batch: EventBatch) -> None:
+        if self.master is not None or sender != self.election.master:
+            return  # only the master we follow writes our log
+        if self.replica.ingest(batch.events):
+            self._catch_up_wanted.set()
+
+    async def _answer(self, sender: str, payload: bytes) -> bytes:
+        request = decode_request(payload)
+        match request:
+            case CommandEnvelope():
+                if self.master is None:
+                    return encode(NotMaster(master=self.election.master))
+                self.master.heard_from(NodeId(sender))
+                return encode(await self.master.handle(request))
+            case CatchUp(start=start, limit=limit):
+                events = self.replica.log.read(start, start + limit)
+                return encode(EventBatch(events=tuple(events)))
+            case ChunkBatch(chunks=chunks):
+                for chunk in chunks:
+                    self.router.deliver(chunk)
+                return encode(Ack())
+
+    async def _catch_up_loop(self) -> None:
+        while True:
+            await self._catch_up_wanted.wait()
+            self._catch_up_wanted = anyio.Event()
+            await self._catch_up()
+
+    async def _catch_up(self) -> None:
+        """Fetch missing events from the master in batches until we hold all it has."""
+        while (master := self.election.master) is not None and master != self.node_id:
+            try:
+                raw = await self.transport.request(
+                    master, encode(CatchUp(start=self.replica.next_index)), timeout=30
+                )
+            except TransportError as e:
+                logger.debug(f"catch-up from {master} failed: {e}")
+                await anyio.sleep(0.5)
+                continue
+            answer = decode_response(raw)
+            if not isinstance(answer, EventBatch) or not answer.events:
+                return
+            self.replica.ingest(answer.events)
+
+    # -- election -----------------------------------------------------------------------------
+
+    def _campaign(self) -> Campaign:
+        node = self.state.nodes.get(self.node_id)
+        return Campaign(
+            node_id=self.node_id,
+            term=self.master.term if self.master else self.replica.last_term,
+            force_master=self.config.force_master,
+            priority=self._priority,
+            seniority=node.joined_index if node else 1 << 62,
+            commands_seen=self.replica.next_index,
+            is_master=self.master is not None,
+        )
+
+    async def _broadcast_campaign(self, campaign: Campaign) -> None:
+        await self.transport.publish(ELECTION_TOPIC, encode(campaign))
+
+    async def _publish_events(self, events: tuple[IndexedEvent, ...]) -> None:
+        try:
+            await self.transport.publish(EVENTS_TOPIC, encode(EventBatch(events=events)))
+        except TransportError as e:
+            # Followers notice the gap on the next broadcast and catch up by request.
+            logger.debug(f"event broadcast failed: {e}")
+
+    async def _become_master(self, term: int) -> None:
+        ctx = MasterContext(card=self.card, place=self._place)
+        master = Master(self.node_id, term, self.replica, ctx, self._publish_events)
+        master.known_nodes(self.state.nodes)
+        self.master = master
+        await master.start()
+        assert self._tg is not None
+        self._tg.start_soon(self._master_duties, master)
+
+    async def _follow(self, master: NodeId, term: int) -> None:
+        logger.info(f"following master {master} (term {term})")
+        self._catch_up_wanted.set()
+
+    async def _step_down(self) -> None:
+        self.master = None
+
+    async def _master_duties(self, master: Master) -> None:
+        """Time out silent nodes while this node is master."""
+        while self.master is master:
+            await anyio.sleep(1.0)
+            for node_id in master.silent_nodes(NODE_TIMEOUT_S, exclude=self.node_id):
+                logger.warning(f"node {node_id} unseen for {NODE_TIMEOUT_S:.0f}s: timing it out")
+                events = [
+                    InstanceDeleted(instance_id=i.instance_id, reason=f"node {node_id} timed out")
+                    for i in self.state.instances.values()
+                    if i.shard_on(node_id) is not None
+                ]
+                await master.commit([*events, NodeTimedOut(node_id=node_id)])
+
+    # -- telemetry ----------------------------------------------------------------------------
+
+    async def _telemetry_loop(self) -> None:
+        engines = tuple(sorted({e.name for e in self.engines if e.name}))
+        addresses = local_addresses(self.config.listen_host)
+        while True:
+            resources = gather_resources(self.config.data_dir, engines if self.worker else ())
+            report = ReportEvents(
+                events=(
+                    NodeTelemetry(
+                        node_id=self.node_id,
+                        hostname=hostname(),
+                        addresses=addresses,
+                        resources=resources,
+                        timestamp=time.time(),
+                    ),
+                    TopologyReported(
+                        node_id=self.node_id,
+                        peers=tuple(sorted(NodeId(p) for p in self.transport.peers())),
+                    ),
+                )
+            )
+            try:
+                await self.send_command(report, timeout=10)
+            except (TimeoutError, TransportError) as e:
+                logger.debug(f"telemetry not sent: {e!r}")
+            await anyio.sleep(TELEMETRY_INTERVAL_S)
+
+    # -- observers ------------------------------------------------------------------------------
+
+    def _observe(self, event: IndexedEvent, state: State) -> None:
+        """End the streams of local callers whose task can no longer answer."""
+        match event.event:
+            case TaskStatusChanged(task_id=task_id, status=TaskStatus.FAILED, error=error):
+                if task_id in self.router.waiting():
+                    self.router.fail(task_id, error or "the task failed")
+            case TaskStatusChanged(task_id=task_id, status=TaskStatus.CANCELLED):
+                if task_id in self.router.waiting():
+                    self.router.deliver(
+                        FinishChunk(task_id=TaskId(task_id), finish_reason=FinishReason.CANCELLED)
+                    )
+            case InstanceDeleted(instance_id=instance_id, reason=reason):
+                for task_id in self.router.tasks_of(instance_id):
+                    self.router.fail(task_id, f"the instance was deleted: {reason}")
+            case _:
+                pass
+        try:
+            self.plugins.hook.exo_event_applied(event=event, state=state)
+        except Exception:
+            logger.exception("an exo_event_applied hook failed")
+
+
+def _flatten(results: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for r in results:
+        if isinstance(r, list):
+            out.extend(r)
+        elif r is not None:
+            out.append(r)
+    return out

@@ -1,0 +1,83 @@
+"""Running a node with its API: the pieces the CLI and tests share."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import anyio
+import uvicorn
+from loguru import logger
+
+from exo_core.api.app import create_app
+from exo_core.config import NodeConfig
+from exo_core.node import Node
+from exo_core.plugin_host import PluginHost
+
+
+class _Uvicorn(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The node handles signals itself, so that runners are ended before exit.
+        yield
+
+
+async def serve_api(node: Node) -> None:
+    config = node.config
+    app = create_app(node)
+    server = _Uvicorn(
+        uvicorn.Config(
+            app,
+            host=config.api_host,
+            port=config.api_port,
+            log_config=None,
+            timeout_graceful_shutdown=2,
+            lifespan="on",
+        )
+    )
+    failed: list[BaseException] = []
+
+    async def serve() -> None:
+        # Shielded: on cancellation uvicorn is asked to exit and closes its connections itself.
+        with anyio.CancelScope(shield=True):
+            try:
+                await server.serve()
+            except (SystemExit, OSError) as e:  # uvicorn exits when it cannot bind
+                failed.append(e)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve)
+        try:
+            while not server.started and not failed:
+                await anyio.sleep(0.05)
+            if failed:
+                raise RuntimeError(
+                    f"the API could not listen on {config.api_host}:{config.api_port} "
+                    "(is the port taken?)"
+                )
+            await anyio.sleep_forever()
+        finally:
+            server.should_exit = True
+    logger.info("API stopped")
+
+
+async def run_node(config: NodeConfig, plugins: PluginHost) -> None:
+    """Run a node (and its API unless disabled) until SIGINT or SIGTERM."""
+    import signal
+
+    node = Node(config, plugins)
+    extra = []
+    if config.api:
+        extra.append(lambda: serve_api(node))
+        logger.info(f"API on http://{config.api_host}:{config.api_port}")
+    async with anyio.create_task_group() as tg:
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                async for signum in signals:
+                    logger.info(f"received {signal.Signals(signum).name}; stopping")
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(stop_on_signal)
+        await node.run(extra=extra)

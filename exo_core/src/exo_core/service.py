@@ -1,0 +1,185 @@
+"""Generation as API dialects see it: a model id and `GenerationParams` in, chunks out.
+
+It resolves the model's card, validates the request against it, finds (or places) an instance,
+submits the task through the master and streams the task's chunks back, parsed into text,
+thinking and tool calls. Leaving the stream early (a client that disconnects) cancels the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import anyio
+from loguru import logger
+
+from exo_core.commands import CancelTask, PlaceInstance, SubmitTask
+from exo_core.generation import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    GenerationParams,
+    KeepAliveChunk,
+    TextChunk,
+    ToolCallChunk,
+)
+from exo_core.ids import InstanceId, ModelId, TaskId, new_id
+from exo_core.model_cards import Capability, ModelCard
+from exo_core.state import Instance, RunnerStatus, Task
+
+if TYPE_CHECKING:
+    from exo_core.node import Node
+
+
+class GenerationError(Exception):
+    """A request that cannot be served; `status` is the HTTP status a dialect should answer."""
+
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(GenerationError):
+    status = 400
+
+
+class ModelNotFound(GenerationError):
+    status = 404
+
+
+class NoInstance(GenerationError):
+    status = 503
+
+
+def validate(card: ModelCard, params: GenerationParams) -> None:
+    """Refuse what the model cannot do, with a message that says what is wrong."""
+    if not params.messages and params.prompt is None:
+        raise InvalidRequest("the request has no messages")
+    if params.max_tokens is not None and params.max_tokens < 1:
+        raise InvalidRequest(f"max_tokens must be at least 1, got {params.max_tokens}")
+    if params.top_logprobs and not 0 <= params.top_logprobs <= 20:
+        raise InvalidRequest("top_logprobs must be between 0 and 20")
+    s = params.sampling
+    if s.temperature < 0:
+        raise InvalidRequest("temperature must not be negative")
+    if not 0 < s.top_p <= 1:
+        raise InvalidRequest("top_p must be in (0, 1]")
+    if any(m.has_images() for m in params.messages) and not card.has(Capability.VISION):
+        raise InvalidRequest(f"model '{card.model_id}' does not accept images")
+
+
+class GenerationService:
+    def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
+        self._node = node
+        self._keepalive_s = keepalive_s
+        self._placing: dict[ModelId, anyio.Lock] = {}
+
+    def resolve(self, model_id: str) -> ModelCard:
+        card = self._node.card(model_id)
+        if card is None:
+            raise ModelNotFound(f"model '{model_id}' is not known to this cluster")
+        return card
+
+    async def instance_for(self, card: ModelCard) -> Instance:
+        """A running instance of the model; places one when allowed and none exists."""
+        lock = self._placing.setdefault(card.model_id, anyio.Lock())
+        async with lock:
+            found = self._best_instance(card.model_id)
+            if found is not None:
+                return found
+            if not self._node.config.auto_place:
+                raise NoInstance(
+                    f"model '{card.model_id}' has no running instance; "
+                    "place one with POST /instance (auto-placement is off)"
+                )
+            result = await self._node.send_command(PlaceInstance(model_id=card.model_id))
+            if not result.ok or result.instance_id is None:
+                raise NoInstance(f"could not place '{card.model_id}': {result.message}")
+            await self._node.replica.wait_for(result.last_index, timeout=10)
+            instance = self._node.state.instances.get(result.instance_id)
+            if instance is None:
+                raise NoInstance(f"the new instance of '{card.model_id}' is already gone")
+            return instance
+
+    def _best_instance(self, model_id: ModelId) -> Instance | None:
+        state = self._node.state
+        candidates = [i for i in state.instances.values() if i.model_id == model_id]
+
+        def ready(instance: Instance) -> bool:
+            runners = [state.runners.get(s.runner_id) for s in instance.shards]
+            return all(r is not None and r.status == RunnerStatus.READY for r in runners)
+
+        candidates.sort(key=lambda i: (not ready(i), i.instance_id))
+        return candidates[0] if candidates else None
+
+    async def generate(self, model_id: str, params: GenerationParams) -> AsyncIterator[Chunk]:
+        """Stream a generation. Raises `GenerationError` before the first chunk when refused.
+
+        Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
+        cancels the task at once."""
+        card = self.resolve(model_id)
+        validate(card, params)
+        instance = await self.instance_for(card)
+        return self._stream(card, instance.instance_id, params)
+
+    async def _stream(
+        self, card: ModelCard, instance_id: InstanceId, params: GenerationParams
+    ) -> AsyncIterator[Chunk]:
+        node = self._node
+        task = Task(
+            task_id=TaskId(new_id("task")),
+            instance_id=instance_id,
+            model_id=card.model_id,
+            origin_node=node.node_id,
+            params=params,
+        )
+        chunks = node.router.open(task.task_id, instance_id)
+        parser = node.parser_for(card, params)
+        done = False
+        called_tools = False
+        try:
+            result = await node.send_command(SubmitTask(task=task))
+            if not result.ok:
+                done = True
+                yield ErrorChunk(task_id=task.task_id, message=result.message)
+                return
+            while True:
+                chunk: Chunk | None = None
+                with anyio.move_on_after(self._keepalive_s):
+                    chunk = await chunks.receive()
+                if chunk is None:
+                    yield KeepAliveChunk(task_id=task.task_id)
+                    continue
+                if isinstance(chunk, TextChunk) and parser is not None:
+                    parsed = parser.feed(chunk)
+                elif isinstance(chunk, FinishChunk | ErrorChunk):
+                    parsed = [*(parser.finish(task.task_id) if parser else []), chunk]
+                else:
+                    parsed = [chunk]
+                for piece in parsed:
+                    if isinstance(piece, ToolCallChunk):
+                        called_tools = True
+                    if isinstance(piece, FinishChunk):
+                        done = True
+                        if called_tools and piece.finish_reason == FinishReason.STOP:
+                            piece = FinishChunk(
+                                task_id=piece.task_id,
+                                finish_reason=FinishReason.TOOL_CALLS,
+                                usage=piece.usage,
+                            )
+                    if isinstance(piece, ErrorChunk):
+                        done = True
+                    yield piece
+                if done:
+                    return
+        finally:
+            node.router.close(task.task_id)
+            if not done:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                    try:
+                        await node.send_command(CancelTask(task_id=task.task_id), timeout=5)
+                    except Exception as e:
+                        logger.debug(f"cancel of {task.task_id} not sent: {e!r}")

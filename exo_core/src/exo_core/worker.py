@@ -1,0 +1,316 @@
+"""The worker: makes this node do what state says it should.
+
+It reconciles after each change of state: a runner for every shard placed here (fetching the
+model first), no runner for a deleted instance, an execution for every task of a local instance,
+and a cancel for every execution whose task left state. Runners that die are restarted with
+exponential backoff; after `MAX_FAILURES` in a row the instance is deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+from anyio.abc import TaskGroup
+from loguru import logger
+
+from exo_core.commands import Command, CommandResult, DeleteInstance, ReportEvents
+from exo_core.downloads import Downloader, DownloadFailed
+from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec
+from exo_core.events import DownloadProgressed, Event, RunnerStatusChanged, TaskStatusChanged
+from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason
+from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo_core.model_cards import ModelCard
+from exo_core.replica import Replica
+from exo_core.state import (
+    DownloadProgress,
+    Instance,
+    RunnerInfo,
+    RunnerStatus,
+    ShardAssignment,
+    State,
+    Task,
+    TaskStatus,
+)
+
+MAX_FAILURES = 3
+BACKOFF_BASE_S = 2.0
+BACKOFF_CAP_S = 30.0
+
+SendCommand = Callable[[Command], Awaitable[CommandResult]]
+SendChunk = Callable[[NodeId, Chunk], Awaitable[None]]
+CardLookup = Callable[[ModelId], ModelCard | None]
+
+
+def backoff_delay(failures: int) -> float:
+    """Seconds to wait before restart number `failures` (1-based): 2, 4, 8, 16, 30, 30..."""
+    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
+
+
+class _Local:
+    """A runner this node supervises."""
+
+    def __init__(self, instance: Instance, shard: ShardAssignment) -> None:
+        self.instance = instance
+        self.shard = shard
+        self.runner: Runner | None = None
+        self.status = RunnerStatus.PENDING
+        self.ready = anyio.Event()
+        self.scope = anyio.CancelScope()
+
+
+class Worker:
+    def __init__(
+        self,
+        node_id: NodeId,
+        replica: Replica,
+        engines: list[Engine],
+        downloader: Downloader | None,
+        cards: CardLookup,
+        send_command: SendCommand,
+        send_chunk: SendChunk,
+        models_dir: Path,
+        data_dir: Path,
+    ) -> None:
+        self.node_id = node_id
+        self._replica = replica
+        self._engines = engines
+        self._downloader = downloader
+        self._cards = cards
+        self._send_command = send_command
+        self._send_chunk = send_chunk
+        self._models_dir = models_dir
+        self._data_dir = data_dir
+        self._locals: dict[RunnerId, _Local] = {}
+        self._failures: dict[InstanceId, int] = {}
+        self._executions: dict[TaskId, anyio.CancelScope] = {}
+        self._cancelling: set[TaskId] = set()
+        self._outbox: list[Event] = []
+        self._outbox_ready = anyio.Event()
+        self._tg: TaskGroup | None = None
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._report_loop)
+                while True:
+                    self.reconcile(self._replica.state)
+                    await self._replica.wait_change()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._stop_all()
+
+    async def _stop_all(self) -> None:
+        for local in list(self._locals.values()):
+            if local.runner is not None:
+                await local.runner.stop()
+
+    def reconcile(self, state: State) -> None:
+        assert self._tg is not None
+        wanted = {
+            shard.runner_id: (instance, shard)
+            for instance in state.instances.values()
+            if (shard := instance.shard_on(self.node_id)) is not None
+        }
+        for runner_id, (instance, shard) in wanted.items():
+            if runner_id not in self._locals:
+                local = _Local(instance, shard)
+                self._locals[runner_id] = local
+                self._tg.start_soon(self._supervise, local)
+        for runner_id, local in list(self._locals.items()):
+            if runner_id not in wanted:
+                local.scope.cancel()
+                del self._locals[runner_id]
+                self._failures.pop(local.instance.instance_id, None)
+        for task in state.tasks.values():
+            if task.task_id in self._executions or task.status != TaskStatus.PENDING:
+                continue
+            local = self._local_for(task.instance_id)
+            if local is not None:
+                scope = anyio.CancelScope()
+                self._executions[task.task_id] = scope
+                self._tg.start_soon(self._execute, local, task, scope)
+        for task_id, scope in list(self._executions.items()):
+            if task_id not in state.tasks and task_id not in self._cancelling:
+                self._cancelling.add(task_id)
+                self._tg.start_soon(self._cancel, task_id, scope)
+
+    def _local_for(self, instance_id: InstanceId) -> _Local | None:
+        return next(
+            (x for x in self._locals.values() if x.instance.instance_id == instance_id), None
+        )
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def report(self, event: Event) -> None:
+        """Queue a fact for the log; sent in order, retried until the master takes it."""
+        self._outbox.append(event)
+        self._outbox_ready.set()
+
+    async def _report_loop(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready = anyio.Event()
+            batch, self._outbox = self._outbox, []
+            while batch:
+                try:
+                    result = await self._send_command(ReportEvents(events=tuple(batch)))
+                    if not result.ok:
+                        logger.error(f"master refused a report: {result.message}")
+                    batch = []
+                except Exception as e:
+                    logger.debug(f"report failed, retrying: {e!r}")
+                    await anyio.sleep(0.5)
+
+    def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
+        local.status = status
+        if status == RunnerStatus.READY:
+            local.ready.set()
+        elif status != RunnerStatus.RUNNING:
+            local.ready = anyio.Event() if local.ready.is_set() else local.ready
+        failures = self._failures.get(local.instance.instance_id, 0)
+        self.report(
+            RunnerStatusChanged(
+                runner=RunnerInfo(
+                    runner_id=local.shard.runner_id,
+                    instance_id=local.instance.instance_id,
+                    node_id=self.node_id,
+                    status=status,
+                    error=error,
+                    failures=failures,
+                )
+            )
+        )
+
+    # -- runners ------------------------------------------------------------------------------
+
+    def _engine_for(self, card: ModelCard) -> Engine | None:
+        return next((e for e in self._engines if e.can_serve(card)), None)
+
+    async def _prepare(self, local: _Local, card: ModelCard, engine: Engine) -> Path:
+        own = await engine.prepare_model(card, self._models_dir)
+        if own is not None:
+            return own
+        if self._downloader is None:
+            raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
+        found = self._downloader.find_local(card)
+        if found is not None:
+            return found
+        self._set_status(local, RunnerStatus.DOWNLOADING)
+
+        def progress(p: DownloadProgress) -> None:
+            self.report(DownloadProgressed(progress=p))
+
+        return await self._downloader.ensure(card, progress)
+
+    async def _supervise(self, local: _Local) -> None:
+        instance_id = local.instance.instance_id
+        with local.scope:
+            while True:
+                runner: Runner | None = None
+                try:
+                    card = self._cards(local.instance.model_id)
+                    if card is None:
+                        raise RunnerDied(f"unknown model {local.instance.model_id}")
+                    engine = self._engine_for(card)
+                    if engine is None:
+                        raise RunnerDied(f"no engine on this node can serve {card.model_id}")
+                    path = await self._prepare(local, card, engine)
+                    spec = RunnerSpec(
+                        runner_id=local.shard.runner_id,
+                        instance=local.instance,
+                        shard=local.shard,
+                        card=card,
+                        model_path=str(path),
+                        data_dir=str(self._data_dir),
+                    )
+                    runner = local.runner = engine.create_runner(spec)
+                    await runner.serve(lambda s, err: self._set_status(local, s, err))
+                    self._set_status(local, RunnerStatus.STOPPED)
+                    return
+                except Exception as e:
+                    failures = self._failures.get(instance_id, 0) + 1
+                    self._failures[instance_id] = failures
+                    message = str(e) or repr(e)
+                    logger.error(f"runner {local.shard.runner_id} failed ({failures}x): {message}")
+                    self._set_status(local, RunnerStatus.FAILED, message)
+                    if failures >= MAX_FAILURES:
+                        reason = f"runner failed {failures} times in a row; last error: {message}"
+                        await self._delete_instance(instance_id, reason)
+                        return
+                    await anyio.sleep(backoff_delay(failures))
+                finally:
+                    if runner is not None:
+                        with anyio.CancelScope(shield=True):
+                            await runner.stop()
+                    local.runner = None
+
+    async def _delete_instance(self, instance_id: InstanceId, reason: str) -> None:
+        for _ in range(20):
+            try:
+                await self._send_command(DeleteInstance(instance_id=instance_id, reason=reason))
+                return
+            except Exception as e:
+                logger.debug(f"delete of {instance_id} failed, retrying: {e!r}")
+                await anyio.sleep(0.5)
+
+    # -- tasks --------------------------------------------------------------------------------
+
+    async def _execute(self, local: _Local, task: Task, scope: anyio.CancelScope) -> None:
+        leader = local.shard.rank == 0
+        final: Chunk | None = None
+        try:
+            with scope:
+                await local.ready.wait()
+                runner = local.runner
+                if runner is None:
+                    raise RunnerDied("the runner is not running")
+                if leader:
+                    self.report(TaskStatusChanged(task_id=task.task_id, status=TaskStatus.RUNNING))
+                async for chunk in runner.generate(task):
+                    if isinstance(chunk, FinishChunk | ErrorChunk):
+                        final = chunk
+                    if leader:
+                        await self._send_chunk(task.origin_node, chunk)
+        except Exception as e:
+            final = ErrorChunk(task_id=task.task_id, message=f"generation failed: {e}")
+            if leader:
+                await self._safe_send(task.origin_node, final)
+        finally:
+            self._executions.pop(task.task_id, None)
+            self._cancelling.discard(task.task_id)
+        if not leader:
+            return
+        if final is None:
+            final = ErrorChunk(task_id=task.task_id, message="the runner ended without an answer")
+            await self._safe_send(task.origin_node, final)
+        if isinstance(final, ErrorChunk):
+            status, error = TaskStatus.FAILED, final.message
+        elif final.finish_reason == FinishReason.CANCELLED:
+            status, error = TaskStatus.CANCELLED, None
+        else:
+            status, error = TaskStatus.COMPLETE, None
+        self.report(TaskStatusChanged(task_id=task.task_id, status=status, error=error))
+
+    async def _safe_send(self, node: NodeId, chunk: Chunk) -> None:
+        try:
+            await self._send_chunk(node, chunk)
+        except Exception as e:
+            logger.warning(f"could not deliver the end of task {chunk.task_id}: {e!r}")
+
+    async def _cancel(self, task_id: TaskId, scope: anyio.CancelScope) -> None:
+        """The task left state (cancelled, or its caller went away): stop generating it."""
+        for local in self._locals.values():
+            if local.runner is not None:
+                try:
+                    await local.runner.cancel(task_id)
+                except Exception as e:
+                    logger.debug(f"cancel of {task_id} failed: {e!r}")
+        # The runner ends the stream within a few tokens; cut it off if it does not.
+        await anyio.sleep(5)
+        if task_id in self._executions:
+            scope.cancel()
