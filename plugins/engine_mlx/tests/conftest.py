@@ -7,6 +7,7 @@ tensors as llama.cpp's Python code dequantizes them.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,20 +82,12 @@ def _train_tokenizer() -> tuple[list[str], list[str]]:
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf Q/K row permutation (half-split -> interleaved pairs)."""
     rows = w.shape[0]
-    return (
-        w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(n_head, 2, rows // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     rows = w.shape[0]
-    return (
-        w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
-        .swapaxes(1, 2)
-        .reshape(w.shape)
-    )
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def write_tiny_gguf(path: Path, spec: TinySpec) -> Path:
@@ -290,8 +283,10 @@ def reference_bpe(
             for word in regex.findall(_GPT2_SPLIT, chunk):
                 syms = [b2u[b] for b in word.encode("utf-8")]
                 while len(syms) > 1:
-                    pairs = [(ranks.get((a, b), 1 << 30), i) for i, (a, b) in
-                             enumerate(zip(syms, syms[1:], strict=False))]  # fmt: skip
+                    pairs = [
+                        (ranks.get(pair, 1 << 30), i)
+                        for i, pair in enumerate(itertools.pairwise(syms))
+                    ]
                     rank, i = min(pairs)
                     if rank == 1 << 30:
                         break

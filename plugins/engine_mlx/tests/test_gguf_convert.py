@@ -17,7 +17,6 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
-
 from exo_engine_mlx.gguf import (
     GGUFImportError,
     gguf_model_card_fields,
@@ -41,7 +40,7 @@ MakeGGUF = Callable[..., Path]
 
 
 def _logits(model_dir: Path, ids: list[int], **config: object) -> np.ndarray:
-    model, _ = mlx_lm.load(str(model_dir), model_config=dict(config) if config else None)
+    model, _ = mlx_lm.load(str(model_dir), model_config=dict(config) if config else None)[:2]
     out = model(mx.array([ids]))[0]
     return np.array(out.astype(mx.float32))
 
@@ -55,7 +54,7 @@ def test_converted_model_matches_reference(
 ) -> None:
     src = tiny_gguf(**SPECS[name])
     out = import_gguf(src, tmp_path / "model", "test/tiny")
-    model, tokenizer = mlx_lm.load(str(out))
+    model, tokenizer = mlx_lm.load(str(out))[:2]
     ids = tokenizer.encode(PROMPT)
     assert len(ids) > 8
     got = np.array(model(mx.array([ids]))[0].astype(mx.float32))
@@ -133,7 +132,7 @@ def test_config_and_files(tiny_gguf: MakeGGUF, tmp_path: Path) -> None:
 
 def test_chat_template_and_eos_via_mlx_lm(tiny_gguf: MakeGGUF, tmp_path: Path) -> None:
     out = import_gguf(tiny_gguf(**SPECS["q8_0"]), tmp_path / "m", "t")
-    _, tokenizer = mlx_lm.load(str(out))
+    _, tokenizer = mlx_lm.load(str(out))[:2]
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
     )
@@ -186,4 +185,3 @@ def test_not_a_gguf(tmp_path: Path) -> None:
     bad.write_bytes(b"NOPE" + bytes(64))
     with pytest.raises(GGUFImportError, match="not a GGUF file"):
         import_gguf(bad, tmp_path / "m", "x")
-

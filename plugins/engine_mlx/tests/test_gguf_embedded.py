@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from exo_engine_mlx.embedded import (
     EMBEDDED_DIR_NAME,
     EMBEDDED_MODEL_ID,

@@ -16,8 +16,12 @@ EXO_BLAS=off|auto|<path> overrides the choice; EXO_DENSE=auto|on|off the dense f
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import importlib.util
+import json
+import math
 import os
 import platform
 import struct
@@ -32,6 +36,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 # The only BLAS symbols libmlx imports (checked with `nm -D --undefined-only libmlx.so`);
 # LAPACK routines stay on the bundled reference library, they are not on the hot path.
@@ -169,3 +174,221 @@ def build_prefix_shim(target: str, prefix: str, names: tuple[str, ...] = GEMM_SY
     ):
         out[off : off + len(blob)] = blob
     return bytes(out)
+
+
+# ---------------------------------------------------------------- finding a fast BLAS
+
+
+def _cache_dir(env: Mapping[str, str]) -> Path:
+    base = env.get("EXO_CACHE_DIR") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "exo"
+    )
+    return Path(base) / "blas"
+
+
+def _scipy_openblas() -> Path | None:
+    # find_spec locates the package without importing it (importing is harmless, but slower).
+    spec = importlib.util.find_spec("scipy_openblas32")
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        lib = Path(loc) / "lib" / "libscipy_openblas.so"
+        if lib.is_file():
+            return lib
+    return None
+
+
+def _mkl() -> Path | None:
+    # The `mkl` wheel puts libmkl_rt.so.<N> into <prefix>/lib.
+    libdir = Path(sysconfig.get_config_var("LIBDIR") or Path(sys.prefix) / "lib")
+    for d in dict.fromkeys([Path(sys.prefix) / "lib", libdir]):
+        found = sorted(d.glob("libmkl_rt.so.*"))
+        if found:
+            return found[-1]
+    return None
+
+
+def shim_for(target: Path, env: Mapping[str, str]) -> Path:
+    """The prefix shim for `target` in the cache directory, generated once (atomically)."""
+    st = target.stat()
+    key = hashlib.sha256(f"{SHIM_VERSION}:{target}:{st.st_size}:{st.st_mtime_ns}".encode())
+    out = _cache_dir(env) / f"libexo_blas_shim-{key.hexdigest()[:16]}.so"
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(build_prefix_shim(str(target), "scipy_"))
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+    return out
+
+
+@functools.lru_cache(maxsize=16)
+def preload_works(lib: str) -> bool:
+    """True if a process started with LD_PRELOAD=lib runs and sees an exported cblas_sgemm.
+
+    A preloaded library whose dependencies are missing aborts every process that loads it
+    (e.g. an OpenBLAS needing a system libgfortran), so we test it in a throwaway child.
+    """
+    env = {**os.environ, "LD_PRELOAD": lib}
+    code = "import ctypes; ctypes.CDLL(None).cblas_sgemm"
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0 and b"cannot be preloaded" not in r.stderr
+
+
+def _candidates(env: Mapping[str, str]) -> list[Path]:
+    """Fast BLAS libraries in order of measured speed (bench/bench_blas.py)."""
+    found: list[Path] = []
+    if platform.machine() in ("x86_64", "AMD64") and (lib := _scipy_openblas()) is not None:
+        with contextlib.suppress(OSError):  # unwritable cache: fall through to the others
+            found.append(shim_for(lib, env))
+    if (mkl := _mkl()) is not None:
+        found.append(mkl)
+    found.extend(Path(p) for p in _SYSTEM_OPENBLAS if os.path.isfile(p))
+    return found
+
+
+def find_fast_blas(env: Mapping[str, str] | None = None) -> Path | None:
+    """The library to LD_PRELOAD into a runner, or None (off, not Linux, or nothing usable).
+
+    EXO_BLAS: `off` disables; `auto` (default) picks the fastest working candidate; any other
+    value is a path used as given (it must exist).
+    """
+    env = os.environ if env is None else env
+    mode = env.get("EXO_BLAS", "auto").strip()
+    if mode.lower() in ("off", "0", "no", "false", "none"):
+        return None
+    if mode and mode.lower() != "auto":
+        path = Path(mode).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError(f"EXO_BLAS={mode}: no such file")
+        return path
+    if sys.platform != "linux":
+        return None  # macOS MLX uses Accelerate; Windows has no LD_PRELOAD
+    for lib in _candidates(env):
+        if preload_works(str(lib)):
+            return lib
+    return None
+
+
+def runner_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a runner subprocess: `base_env` plus LD_PRELOAD of a fast BLAS."""
+    env = dict(os.environ if base_env is None else base_env)
+    lib = find_fast_blas(env)
+    if lib is None:
+        return env
+    preload = [p for p in env.get("LD_PRELOAD", "").split(":") if p and p != str(lib)]
+    env["LD_PRELOAD"] = ":".join([str(lib), *preload])
+    env["EXO_BLAS_ACTIVE"] = str(lib)
+    return env
+
+
+def loaded_blas() -> str | None:
+    """Path of a fast BLAS mapped into this process, if any (Linux, for logs and checks)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        name = os.path.basename(path)
+        if name.startswith(("libexo_blas_shim", "libmkl_rt", "libopenblas")):
+            return path
+    return None
+
+
+def gemm_gflops(n: int = 1024, seconds: float = 1.0) -> float:
+    """fp32 GFLOP/s of mx.matmul on n x n in this process (whatever BLAS it has loaded)."""
+    a = mx.random.normal((n, n), dtype=mx.float32)
+    b = mx.random.normal((n, n), dtype=mx.float32)
+    mx.eval(a, b, a @ b)  # warm-up
+    reps, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds or reps == 0:
+        mx.eval(a @ b)
+        reps += 1
+    return 2 * n**3 * reps / elapsed / 1e9
+
+
+# ---------------------------------------------------------------- dense fp32 fast path
+
+
+def dequantize_model(model: nn.Module) -> int:
+    """Turn QuantizedLinear/QuantizedEmbedding into float32 Linear/Embedding, in place.
+
+    With a fast BLAS, dense fp32 matmuls are far faster on the CPU than MLX's scalar quantized
+    kernels. Other fp16/bf16 parameters are upcast too (the CPU backend must not run them).
+    Returns the number of layers replaced.
+    """
+    replaced: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.QuantizedLinear | nn.QuantizedEmbedding):
+            w = mx.dequantize(
+                m.weight, m.scales, m.get("biases"), m.group_size, m.bits, mode=m.mode
+            ).astype(mx.float32)
+            if isinstance(m, nn.QuantizedEmbedding):
+                dense: nn.Module = nn.Embedding(w.shape[0], w.shape[1])
+            else:
+                dense = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
+                if "bias" in m:
+                    dense.bias = m["bias"].astype(mx.float32)
+            dense.weight = w
+            replaced.append((name, dense))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    half = (mx.float16, mx.bfloat16)
+    model.apply(lambda x: x.astype(mx.float32) if x.dtype in half else x)
+    mx.eval(model.parameters())
+    return len(replaced)
+
+
+def _safetensors_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    # The header alone (8-byte length + JSON) gives every shape; no tensor is read.
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header: dict[str, Any] = json.loads(f.read(n))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def dense_fp32_bytes(model_dir: Path) -> int:
+    """Bytes the weights of an MLX model directory take once dequantized to float32."""
+    model_dir = Path(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    quant: dict[str, Any] = config.get("quantization") or {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for f in sorted(model_dir.glob("model*.safetensors")):
+        shapes.update(_safetensors_shapes(f))
+    total = 0
+    for key, shape in shapes.items():
+        module, _, part = key.rpartition(".")
+        quantized = f"{module}.scales" in shapes
+        if quantized and part in ("scales", "biases"):
+            continue
+        count = math.prod(shape)
+        if quantized:
+            entry = quant.get(module)
+            bits = entry["bits"] if isinstance(entry, dict) else quant.get("bits", 4)
+            count = count * 32 // int(bits)  # packed uint32 words -> elements
+        total += 4 * count
+    return total
+
+
+def should_dequantize(
+    model_dir: Path, available_memory_bytes: int, env: Mapping[str, str] | None = None
+) -> bool:
+    """Whether to run `model_dir` dense in fp32: EXO_DENSE=on/off, or auto for small models.
+
+    auto: only quantized models, and only when the dense weights stay under 25% of the
+    available memory and under 4 GiB (beyond that memory traffic, not BLAS, dominates).
+    """
+    env = os.environ if env is None else env
+    mode = env.get("EXO_DENSE", "auto").strip().lower()
+    if mode in ("on", "1", "yes", "true"):
+        return True
+    if mode in ("off", "0", "no", "false"):
+        return False
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if not config.get("quantization"):
+        return False
+    dense = dense_fp32_bytes(Path(model_dir))
+    return dense < available_memory_bytes // 4 and dense < 4 * 1024**3

@@ -106,8 +106,8 @@ def build_tokenizer(header: GGUFHeader) -> TokenizerFiles:
 
     bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges)
     tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tok  # type: ignore[assignment]  # stub types are too narrow
-    tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
+    tok.pre_tokenizer = pre_tok
+    tok.decoder = decoders.ByteLevel()
     special = [
         AddedToken(t, special=True, normalized=False)
         for t, ty in zip(tokens, types, strict=True)
@@ -136,13 +136,13 @@ def build_tokenizer(header: GGUFHeader) -> TokenizerFiles:
             return out + ([f"{tokens[eos]}:{type_id}"] if add_eos and eos is not None else [])
 
         added = [i for i, on in ((bos, add_bos), (eos, add_eos)) if on and i is not None]
-        tok.post_processor = processors.TemplateProcessing(  # type: ignore[assignment]
+        tok.post_processor = processors.TemplateProcessing(
             single=seq("$A", 0),
             pair=seq("$A", 0) + seq("$B", 1),
             special_tokens=[(tokens[i], i) for i in sorted(set(added))],
         )
     else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)  # type: ignore[assignment]
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
 
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -151,7 +151,12 @@ def build_tokenizer(header: GGUFHeader) -> TokenizerFiles:
         "clean_up_tokenization_spaces": False,
         "model_max_length": int(header.get(f"{header.architecture}.context_length", 2048)),
     }
-    for key, tid in (("bos_token", bos), ("eos_token", eos), ("unk_token", unk), ("pad_token", pad)):
+    for key, tid in (
+        ("bos_token", bos),
+        ("eos_token", eos),
+        ("unk_token", unk),
+        ("pad_token", pad),
+    ):
         if tid is not None:
             config[key] = tokens[tid]
     template = header.get("tokenizer.chat_template")
