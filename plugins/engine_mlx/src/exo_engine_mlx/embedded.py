@@ -43,7 +43,9 @@ def embedded_gguf_path() -> Path:
                 return Path(str(f.locate()))
     except importlib.metadata.PackageNotFoundError:
         pass
-    raise EmbeddedModelMissing(f"{EMBEDDED_FILE} not found: is the {EMBEDDED_DIST} wheel installed?")
+    raise EmbeddedModelMissing(
+        f"{EMBEDDED_FILE} not found: is the {EMBEDDED_DIST} wheel installed?"
+    )
 
 
 def _is_current(model_dir: Path, source: Path) -> bool:
