@@ -63,8 +63,9 @@ class NativeController(Controller):
         return Response(msgspec.json.encode(node.state), media_type="application/json")
 
     @get("/state/{path:path}")
-    async def state_path(self, node: Node, path: str) -> Any:
-        return _subtree(msgspec.to_builtins(node.state), path)
+    async def state_path(self, node: Node, path: str) -> Response[bytes]:
+        value = _subtree(msgspec.to_builtins(node.state), path)
+        return Response(msgspec.json.encode(value), media_type="application/json")
 
     @get("/events")
     async def events(self, node: Node, since: int = 0) -> ServerSentEvent:

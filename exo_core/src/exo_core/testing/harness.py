@@ -1,0 +1,122 @@
+"""Run real nodes for tests: each in its own thread with its own event loop, API on a real port.
+
+with running_node(tmp_path, plugins=[ScriptedEnginePlugin()]) as node:
+    httpx.get(f"{node.url}/state")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from exo_core.config import NodeConfig
+from exo_core.election import ElectionTiming
+from exo_core.node import Node
+from exo_core.plugin_host import load_plugins
+from exo_core.server import serve_api
+from exo_core.transport.base import Transport
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningNode:
+    node: Node
+    url: str
+    portal: BlockingPortal
+    future: Future[Any] = field(repr=False)
+
+    @property
+    def node_id(self) -> str:
+        return self.node.node_id
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run an async function on the node's event loop and return its result."""
+        return self.portal.call(fn, *args)
+
+
+@contextlib.contextmanager
+def running_node(
+    data_dir: Path,
+    plugins: list[object] = (),  # type: ignore[assignment]
+    *,
+    entry_points: bool = False,
+    transport: Transport | None = None,
+    election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.2),
+    **config: Any,
+) -> Iterator[RunningNode]:
+    """A node with its API, in a thread. Plugins are registered objects; entry-point plugins
+    are loaded only when `entry_points` is true."""
+    host = load_plugins(entry_points=entry_points)
+    for plugin in plugins:
+        host.pm.register(plugin)
+    port = config.pop("api_port", None) or free_port()
+    cfg = NodeConfig(
+        data_dir=str(data_dir), api_port=port, transport=config.pop("transport", "memory"), **config
+    )
+    with start_blocking_portal() as portal:
+        node = portal.call(lambda: _make_node(cfg, host, transport, election))
+        jobs = [lambda: serve_api(node)] if cfg.api else []
+        future = portal.start_task_soon(lambda: node.run(extra=jobs))
+        url = f"http://127.0.0.1:{port}"
+        running = RunningNode(node=node, url=url, portal=portal, future=future)
+        _wait_ready(running, cfg.api)
+        try:
+            yield running
+        finally:
+            future.cancel()
+            with contextlib.suppress(Exception):
+                future.exception(timeout=10)
+
+
+async def _make_node(
+    cfg: NodeConfig, host: Any, transport: Transport | None, election: ElectionTiming
+) -> Node:
+    return Node(cfg, host, transport=transport, election_timing=election)
+
+
+def _wait_ready(running: RunningNode, api: bool, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if running.future.done():
+            running.future.result()  # raises what stopped the node
+        node = running.node
+        master = node.state.master
+        elected = master is not None and (master.node_id, master.term) == (
+            node.election.master,
+            node.election.term,
+        )
+        if elected and (not api or _answers(running.url)):
+            return
+        time.sleep(0.05)
+    raise TimeoutError("the node did not become ready")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+__all__ = ["RunningNode", "free_port", "running_node", "wait_until"]
