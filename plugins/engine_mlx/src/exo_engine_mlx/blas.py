@@ -237,15 +237,16 @@ def preload_works(lib: str) -> bool:
     return r.returncode == 0 and b"cannot be preloaded" not in r.stderr
 
 
-def _candidates(env: Mapping[str, str]) -> list[Path]:
-    """Fast BLAS libraries in order of measured speed (bench/bench_blas.py)."""
-    found: list[Path] = []
+def candidates(env: Mapping[str, str] | None = None) -> list[tuple[str, Path]]:
+    """(label, library) of the fast BLAS libraries present, in order of measured speed."""
+    env = os.environ if env is None else env
+    found: list[tuple[str, Path]] = []
     if platform.machine() in ("x86_64", "AMD64") and (lib := _scipy_openblas()) is not None:
         with contextlib.suppress(OSError):  # unwritable cache: fall through to the others
-            found.append(shim_for(lib, env))
+            found.append(("scipy-openblas32 + generated shim", shim_for(lib, env)))
     if (mkl := _mkl()) is not None:
-        found.append(mkl)
-    found.extend(Path(p) for p in _SYSTEM_OPENBLAS if os.path.isfile(p))
+        found.append(("MKL (mkl wheel)", mkl))
+    found.extend((f"system OpenBLAS {p}", Path(p)) for p in _SYSTEM_OPENBLAS if os.path.isfile(p))
     return found
 
 
@@ -266,7 +267,7 @@ def find_fast_blas(env: Mapping[str, str] | None = None) -> Path | None:
         return path
     if sys.platform != "linux":
         return None  # macOS MLX uses Accelerate; Windows has no LD_PRELOAD
-    for lib in _candidates(env):
+    for _, lib in candidates(env):
         if preload_works(str(lib)):
             return lib
     return None
