@@ -246,7 +246,12 @@ def candidates(env: Mapping[str, str] | None = None) -> list[tuple[str, Path]]:
             found.append(("scipy-openblas32 + generated shim", shim_for(lib, env)))
     if (mkl := _mkl()) is not None:
         found.append(("MKL (mkl wheel)", mkl))
-    found.extend((f"system OpenBLAS {p}", Path(p)) for p in _SYSTEM_OPENBLAS if os.path.isfile(p))
+    seen: set[str] = set()
+    for p in _SYSTEM_OPENBLAS:
+        real = os.path.realpath(p)  # Debian's alternatives symlink several names to one file
+        if os.path.isfile(real) and real not in seen:
+            seen.add(real)
+            found.append(("system OpenBLAS", Path(p)))
     return found
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import mlx.core as mx
 
 from .reader import GGUFHeader, GGUFImportError, read_header
-from .tokenizer import build_tokenizer
+from .tokenizer import TokenizerFiles, build_tokenizer
 
 CONVERTER_VERSION = 1
 MARKER_FILE = "exo_gguf_import.json"
@@ -214,8 +214,9 @@ def gguf_model_card_fields(gguf_path: Path) -> ModelCardFields:
     return card_fields(header, gguf_path.stat().st_size)
 
 
-def _write_dir(gguf_path: Path, header: GGUFHeader, tmp: Path, model_id: str) -> None:
-    tok = build_tokenizer(header)
+def _write_dir(
+    gguf_path: Path, header: GGUFHeader, tok: TokenizerFiles, tmp: Path, model_id: str
+) -> None:
     config = build_config(header, tok.eos_token_ids, tok.bos_token_id)
     weights = convert_weights(gguf_path, header)
     mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -245,10 +246,11 @@ def import_gguf(gguf_path: Path, out_dir: Path, model_id: str) -> Path:
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     header = read_header(gguf_path)
     check_supported(header)
+    tok = build_tokenizer(header)  # refuses unsupported tokenizers before anything is written
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        _write_dir(gguf_path, header, tmp, model_id)
+        _write_dir(gguf_path, header, tok, tmp, model_id)
         for f in tmp.iterdir():
             with f.open("rb") as fh:
                 os.fsync(fh.fileno())
