@@ -18,40 +18,40 @@ class _Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=
     pass
 
 
-class PlaceInstance(_Command, kw_only=True):
+class PlaceInstance(_Command, frozen=True, kw_only=True):
     model_id: ModelId
     sharding: Sharding = "pipeline"
     min_nodes: int = 1
     instance_id: InstanceId | None = None
 
 
-class DeleteInstance(_Command, kw_only=True):
+class DeleteInstance(_Command, frozen=True, kw_only=True):
     instance_id: InstanceId
     reason: str = "deleted by request"
 
 
-class SubmitTask(_Command, kw_only=True):
+class SubmitTask(_Command, frozen=True, kw_only=True):
     task: Task
 
 
-class CancelTask(_Command, kw_only=True):
+class CancelTask(_Command, frozen=True, kw_only=True):
     task_id: TaskId
 
 
-class AddModelCard(_Command, kw_only=True):
+class AddModelCard(_Command, frozen=True, kw_only=True):
     card: ModelCard
 
 
-class RemoveModelCard(_Command, kw_only=True):
+class RemoveModelCard(_Command, frozen=True, kw_only=True):
     model_id: ModelId
 
 
-class DeleteDownload(_Command, kw_only=True):
+class DeleteDownload(_Command, frozen=True, kw_only=True):
     node_id: NodeId
     model_id: ModelId
 
 
-class ReportEvents(_Command, kw_only=True):
+class ReportEvents(_Command, frozen=True, kw_only=True):
     """Facts a node observed itself (telemetry, runner status, downloads) for the log."""
 
     events: tuple[Event, ...]

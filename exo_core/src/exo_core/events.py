@@ -23,12 +23,12 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=Tr
     pass
 
 
-class MasterElected(_Event, kw_only=True):
+class MasterElected(_Event, frozen=True, kw_only=True):
     node_id: NodeId
     term: int
 
 
-class NodeTelemetry(_Event, kw_only=True):
+class NodeTelemetry(_Event, frozen=True, kw_only=True):
     """A node's periodic report of its resources; the first one adds the node."""
 
     node_id: NodeId
@@ -38,52 +38,52 @@ class NodeTelemetry(_Event, kw_only=True):
     timestamp: float
 
 
-class NodeTimedOut(_Event, kw_only=True):
+class NodeTimedOut(_Event, frozen=True, kw_only=True):
     """A node was unseen too long: it leaves state, with its runners and reports."""
 
     node_id: NodeId
 
 
-class TopologyReported(_Event, kw_only=True):
+class TopologyReported(_Event, frozen=True, kw_only=True):
     node_id: NodeId
     peers: tuple[NodeId, ...]
 
 
-class ModelCardAdded(_Event, kw_only=True):
+class ModelCardAdded(_Event, frozen=True, kw_only=True):
     card: ModelCard
 
 
-class ModelCardRemoved(_Event, kw_only=True):
+class ModelCardRemoved(_Event, frozen=True, kw_only=True):
     model_id: ModelId
 
 
-class DownloadProgressed(_Event, kw_only=True):
+class DownloadProgressed(_Event, frozen=True, kw_only=True):
     progress: DownloadProgress
 
 
-class DownloadDeleted(_Event, kw_only=True):
+class DownloadDeleted(_Event, frozen=True, kw_only=True):
     node_id: NodeId
     model_id: ModelId
 
 
-class InstanceCreated(_Event, kw_only=True):
+class InstanceCreated(_Event, frozen=True, kw_only=True):
     instance: Instance
 
 
-class InstanceDeleted(_Event, kw_only=True):
+class InstanceDeleted(_Event, frozen=True, kw_only=True):
     instance_id: InstanceId
     reason: str = ""
 
 
-class RunnerStatusChanged(_Event, kw_only=True):
+class RunnerStatusChanged(_Event, frozen=True, kw_only=True):
     runner: RunnerInfo
 
 
-class TaskCreated(_Event, kw_only=True):
+class TaskCreated(_Event, frozen=True, kw_only=True):
     task: Task
 
 
-class TaskStatusChanged(_Event, kw_only=True):
+class TaskStatusChanged(_Event, frozen=True, kw_only=True):
     task_id: TaskId
     status: TaskStatus
     error: str | None = None

@@ -28,7 +28,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from exo_core.config import NodeConfig
-    from exo_core.context import NodeContext
+    from exo_core.node import Node as NodeContext
     from exo_core.downloads import Downloader
     from exo_core.engine import Engine
     from exo_core.events import IndexedEvent

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -214,7 +214,7 @@ class Node:
 
     # -- running ------------------------------------------------------------------------------
 
-    async def run(self, *, extra: list[Callable[[], Awaitable[Any]]] | None = None) -> None:
+    async def run(self, *, extra: Sequence[Callable[[], Coroutine[Any, Any, Any]]] = ()) -> None:
         """Run until cancelled. `extra` coroutines (such as the API server) run alongside."""
         await self.transport.start()
         logger.info(f"node {self.node_id} started; data in {self.config.data_dir}")
@@ -230,7 +230,7 @@ class Node:
                 tg.start_soon(self._telemetry_loop)
                 if self.worker is not None:
                     tg.start_soon(self.worker.run)
-                for job in extra or []:
+                for job in extra:
                     tg.start_soon(job)
                 self.ready.set()
         finally:
