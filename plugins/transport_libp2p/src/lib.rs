@@ -12,6 +12,7 @@ mod node;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,6 +41,39 @@ create_exception!(
     "A request got no answer, or the remote handler failed."
 );
 
+/// Python awaitables whose Rust future has not finished yet (see `shutdown_all`).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Every node started in this process, to stop those still running at exit.
+static NODES: Mutex<Vec<mpsc::WeakSender<Command>>> = Mutex::new(Vec::new());
+
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `future_into_py`, counting the future as in flight until it finishes or is dropped.
+fn awaitable<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: std::future::Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let guard = InFlight::new();
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let _guard = guard;
+        fut.await
+    })
+}
+
 /// Commands queued to the swarm before callers have to wait (publish falls back to waiting).
 const COMMAND_QUEUE: usize = 4096;
 /// Inbound requests held for the Python handlers before new ones are refused.
@@ -50,9 +84,29 @@ const PENDING_REQUESTS: usize = 1024;
 struct Node {
     commands: mpsc::Sender<Command>,
     shared: Arc<Shared>,
+    /// The node's own runtime: its swarm, connections and mDNS tasks all run here, so
+    /// shutting it down ends every one of them (libp2p-mdns would otherwise leave its
+    /// interface tasks answering queries for a node that is gone).
+    runtime: Arc<NodeRuntime>,
     peer_id: String,
     max_broadcast_size: usize,
     max_request_size: usize,
+}
+
+struct NodeRuntime(Mutex<Option<tokio::runtime::Runtime>>);
+
+impl NodeRuntime {
+    fn shutdown(&self) {
+        if let Some(rt) = self.0.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.runtime.shutdown();
+    }
 }
 
 fn closed() -> PyErr {
@@ -116,7 +170,7 @@ impl Node {
 
     fn subscribe<'py>(&self, py: Python<'py>, topic: String) -> PyResult<Bound<'py, PyAny>> {
         let commands = self.commands.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let (tx, rx) = oneshot::channel();
             commands
                 .send(Command::Subscribe(topic, tx))
@@ -156,7 +210,7 @@ impl Node {
         self.check_broadcast(payload)?;
         let command = Command::Publish(topic, payload.to_vec());
         let commands = self.commands.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             commands.send(command).await.map_err(|_| closed())
         })
     }
@@ -187,7 +241,7 @@ impl Node {
         let payload = payload.to_vec();
         let commands = self.commands.clone();
         let peer = peer.to_owned();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let (tx, rx) = oneshot::channel();
             let answer = tokio::time::timeout(timeout, async {
                 commands
@@ -246,7 +300,7 @@ impl Node {
     /// `("disconnected", peer)`, `("lagged", dropped)`; `None` once the node stopped.
     fn next_events<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyAny>> {
         let shared = self.shared.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let Some(batch) = shared.events.pop_batch(max).await else {
                 return Ok(None);
             };
@@ -265,7 +319,7 @@ impl Node {
     /// `("notice", level, message)`.
     fn next_control<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyAny>> {
         let shared = self.shared.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let Some(batch) = shared.control.pop_batch(max).await else {
                 return Ok(None);
             };
@@ -288,7 +342,7 @@ impl Node {
         let mut state = self.shared.bootstrap.subscribe();
         let timeout = Duration::try_from_secs_f64(timeout.max(0.0))
             .map_err(|e| NativeError::new_err(e.to_string()))?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let _ = tokio::time::timeout(timeout, state.wait_for(|s| s.settled)).await;
             let duplicate = state.borrow().duplicate_identity;
             Ok(duplicate)
@@ -298,11 +352,13 @@ impl Node {
     /// Close every connection and stop the swarm; the event queues then end.
     fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let commands = self.commands.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let runtime = self.runtime.clone();
+        awaitable(py, async move {
             let (tx, rx) = oneshot::channel();
             if commands.send(Command::Stop(tx)).await.is_ok() {
                 let _ = rx.await;
             }
+            runtime.shutdown();
             Ok(())
         })
     }
@@ -394,7 +450,15 @@ fn start_node<'py>(
         max_request_size,
         inbox_capacity,
     };
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("exo-libp2p")
+        .enable_all()
+        .build()
+        .map_err(|e| NativeError::new_err(format!("cannot start a tokio runtime: {e}")))?;
+    let handle = runtime.handle().clone();
+    let runtime = Arc::new(NodeRuntime(Mutex::new(Some(runtime))));
+    awaitable(py, async move {
         let shared = Arc::new(Shared {
             events: Inbox::new(config.inbox_capacity),
             control: Inbox::new(PENDING_REQUESTS),
@@ -403,12 +467,23 @@ fn start_node<'py>(
             bootstrap: watch::channel(node::BootstrapState::default()).0,
         });
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
-        node::start(config, shared.clone(), receiver)
+        let started = handle
+            .spawn(node::start(config, shared.clone(), receiver))
             .await
-            .map_err(NativeError::new_err)?;
+            .map_err(|e| NativeError::new_err(format!("the node failed to start: {e}")))
+            .and_then(|r| r.map_err(NativeError::new_err));
+        if let Err(e) = started {
+            runtime.shutdown();
+            return Err(e);
+        }
+        NODES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(commands.downgrade());
         Ok(Node {
             commands,
             shared,
+            runtime,
             peer_id,
             max_broadcast_size,
             max_request_size,
@@ -430,12 +505,50 @@ fn regenerate_key(key_path: PathBuf) -> PyResult<String> {
     Ok(key.public().to_peer_id().to_string())
 }
 
+/// Stop every node still running and let in-flight awaitables settle, with the GIL released.
+///
+/// Registered with `atexit` by the Python package: a tokio thread that completes an awaitable
+/// must take the GIL, and taking it while the interpreter finalizes aborts the process. Waits
+/// at most `timeout` seconds.
+#[pyfunction]
+#[pyo3(signature = (timeout = 2.0))]
+fn shutdown_all(py: Python<'_>, timeout: f64) {
+    py.detach(|| {
+        let deadline = std::time::Instant::now() + Duration::from_secs_f64(timeout.max(0.0));
+        let nodes: Vec<_> = NODES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+            .filter_map(|weak| weak.upgrade())
+            .collect();
+        let mut stopping = Vec::new();
+        for commands in nodes {
+            let (tx, rx) = oneshot::channel();
+            if commands.try_send(Command::Stop(tx)).is_ok() {
+                stopping.push(rx);
+            }
+        }
+        let wait = |done: &mut dyn FnMut() -> bool| {
+            while !done() && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        for mut rx in stopping {
+            wait(&mut || !matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty)));
+        }
+        wait(&mut || IN_FLIGHT.load(Ordering::SeqCst) == 0);
+        // The last completions take the GIL right after their future ends.
+        std::thread::sleep(Duration::from_millis(20));
+    });
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Node>()?;
     m.add_function(wrap_pyfunction!(start_node, m)?)?;
     m.add_function(wrap_pyfunction!(load_or_create_key, m)?)?;
     m.add_function(wrap_pyfunction!(regenerate_key, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown_all, m)?)?;
     m.add("NativeError", m.py().get_type::<NativeError>())?;
     m.add("PayloadTooLargeError", m.py().get_type::<PayloadTooLargeError>())?;
     m.add("RequestError", m.py().get_type::<RequestError>())?;

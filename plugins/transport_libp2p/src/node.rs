@@ -293,6 +293,15 @@ pub async fn start(
     }
 }
 
+impl Drop for Driver {
+    /// However the driver ends (stopped, or its runtime shut down), readers see the end.
+    fn drop(&mut self) {
+        self.shared.peers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared.events.close();
+        self.shared.control.close();
+    }
+}
+
 impl Driver {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
         let mut redial = tokio::time::interval(REDIAL_EVERY);
@@ -309,6 +318,7 @@ impl Driver {
             }
         };
         self.shutdown().await;
+        drop(self); // closes the queues before the stopper resumes
         if let Some(reply) = stop_reply {
             let _ = reply.send(());
         }
@@ -333,9 +343,6 @@ impl Driver {
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(RequestError::Failed("transport stopped".into())));
         }
-        self.shared.peers.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        self.shared.events.close();
-        self.shared.control.close();
     }
 
     fn is_own_address(&self, addr: &Multiaddr) -> bool {

@@ -20,6 +20,7 @@ error and left to the operator, since the core's node id must stay stable while 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -43,6 +44,10 @@ from exo_transport_libp2p import _native
 KEY_FILE = "libp2p_identity.key"
 EVENT_BATCH = 256
 CONTROL_BATCH = 64
+
+# Nodes left running at exit are stopped before the interpreter finalizes: the native side
+# takes the GIL from its own threads to complete awaitables, which must not happen later.
+atexit.register(_native.shutdown_all)
 
 
 class Libp2pTransport(Transport):
@@ -152,13 +157,16 @@ class Libp2pTransport(Transport):
         self._started.set()  # wake an `events()` waiting for a start that never came
         if self._node is not None:
             await self._node.stop()
-        for task in [self._control_task, *self._handler_tasks]:
-            if task is not None:
-                task.cancel()
-        for task in [self._control_task, *self._handler_tasks]:
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        # The control loop ends by itself once the node's queues close; waiting for that
+        # (rather than cancelling it) leaves no native awaitable pending behind us.
+        if self._control_task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._control_task, timeout=5)
+        for task in list(self._handler_tasks):
+            task.cancel()
+        for task in list(self._handler_tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
     def _require_node(self) -> _native.Node:
         if self._node is None or self._stopped:

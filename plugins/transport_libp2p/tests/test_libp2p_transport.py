@@ -1,0 +1,222 @@
+"""Behaviour of the libp2p transport beyond the conformance suite."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+from exo_core.config import NodeConfig
+from exo_core.testing.transport_conformance import inboxes
+from exo_core.transport.base import (
+    PeerConnected,
+    RequestFailed,
+    TransportEvent,
+    TransportLagged,
+    TransportMessage,
+)
+from exo_transport_libp2p import plugin
+from exo_transport_libp2p.testing import make_node, wait_until
+from exo_transport_libp2p.transport import KEY_FILE, Libp2pTransport
+
+
+@pytest.mark.anyio
+async def test_broadcast_crosses_a_line_of_nodes(tmp_path: Path) -> None:
+    """A - B - C: C never connects to A, yet hears A's broadcasts through B."""
+    a = make_node(tmp_path / "a")
+    await a.start()
+    b = make_node(tmp_path / "b", a.listen_addrs())
+    await b.start()
+    c = make_node(tmp_path / "c", b.listen_addrs())
+    await c.start()
+    nodes = [a, b, c]
+    try:
+        await wait_until(lambda: len(b.peers()) == 2 and len(a.peers()) == 1 == len(c.peers()))
+        async with inboxes(list(nodes)) as (_, box_b, box_c):
+            for node in nodes:
+                await node.subscribe("line")
+            async with asyncio.timeout(20):
+                i = 0
+                while not box_c.messages["line"]:
+                    await a.publish("line", f"from a {i}".encode())
+                    i += 1
+                    await asyncio.sleep(0.2)
+            heard = box_c.messages["line"][0]
+            assert heard.sender == a.node_id
+            assert heard.payload.startswith(b"from a")
+            assert box_b.messages["line"], "B relays what it also receives"
+            assert a.peers() == {b.node_id} and c.peers() == {b.node_id}, "still a line"
+    finally:
+        for node in nodes:
+            await node.stop()
+
+
+@pytest.mark.anyio
+async def test_eight_mib_request(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a")
+    await a.start()
+    b = make_node(tmp_path / "b", a.listen_addrs())
+    await b.start()
+    try:
+        await wait_until(lambda: b.node_id in a.peers())
+        payload = hashlib.sha256(b"seed").digest() * (8 * 1024 * 1024 // 32)
+
+        async def digest(sender: str, body: bytes) -> bytes:
+            return hashlib.sha256(body).digest() + body[:1024]
+
+        b.set_request_handler(digest)
+        answer = await a.request(b.node_id, payload, timeout=30)
+        assert answer[:32] == hashlib.sha256(payload).digest()
+        assert answer[32:] == payload[:1024]
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+@pytest.mark.anyio
+async def test_different_namespaces_never_connect(tmp_path: Path) -> None:
+    y = make_node(tmp_path / "y", namespace="y")
+    await y.start()
+    x = make_node(tmp_path / "x", y.listen_addrs(), namespace="x")
+    await x.start()
+    try:
+        async with inboxes([x, y]) as (box_x, box_y):
+            await asyncio.sleep(3)  # x dials at start and again every 2 s
+            assert box_x.connected == [] and box_y.connected == []
+            assert x.peers() == frozenset() and y.peers() == frozenset()
+    finally:
+        await x.stop()
+        await y.stop()
+
+
+@pytest.mark.anyio
+async def test_cloned_identity_is_replaced_by_the_younger_node(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a")
+    await a.start()
+    (tmp_path / "b").mkdir()
+    shutil.copy(tmp_path / "a" / KEY_FILE, tmp_path / "b" / KEY_FILE)  # a copied data dir
+    b = make_node(tmp_path / "b", a.listen_addrs())
+    assert b.node_id == a.node_id
+    await b.start()
+    try:
+        assert b.identity_regenerated
+        assert b.node_id != a.node_id
+        assert not a.identity_regenerated and a.node_id in a.listen_addrs()[0]
+        # The new key is persisted, and the two nodes now connect.
+        assert Libp2pTransport(tmp_path / "b", "test").node_id == b.node_id
+        await wait_until(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+@pytest.mark.anyio
+async def test_identity_persists_with_private_key_file(tmp_path: Path) -> None:
+    first = Libp2pTransport(tmp_path, "test")
+    mode = stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode)
+    assert mode == 0o600
+    assert Libp2pTransport(tmp_path, "test").node_id == first.node_id
+
+
+@pytest.mark.anyio
+async def test_slow_reader_gets_a_lagged_event(tmp_path: Path) -> None:
+    reader = make_node(tmp_path / "reader", inbox_capacity=8)
+    await reader.start()
+    writer = make_node(tmp_path / "writer", reader.listen_addrs())
+    await writer.start()
+    try:
+        await wait_until(lambda: writer.node_id in reader.peers())
+        await reader.subscribe("flood")
+        await writer.subscribe("flood")
+        await asyncio.sleep(1.5)  # subscriptions are exchanged
+        for i in range(50):
+            await writer.publish("flood", i.to_bytes(4, "big"))
+        # Nobody reads yet: 8 are held, the other 42 are dropped and counted.
+        await wait_until(lambda: reader.dropped_total() == 42)
+        got: list[TransportEvent] = []
+        async with asyncio.timeout(5):
+            async for event in reader.events():
+                got.append(event)
+                if isinstance(event, TransportLagged):
+                    break
+        assert isinstance(got[0], PeerConnected)
+        messages = [e for e in got if isinstance(e, TransportMessage)]
+        assert [int.from_bytes(m.payload, "big") for m in messages] == list(range(8))
+        assert got[-1] == TransportLagged(42)
+    finally:
+        await writer.stop()
+        await reader.stop()
+
+
+@pytest.mark.anyio
+async def test_blocked_event_loop_does_not_stall_the_swarm(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a")
+    await a.start()
+    b = make_node(tmp_path / "b", a.listen_addrs())
+    await b.start()
+    try:
+        async with inboxes([a, b]) as (_, box_b):
+            await wait_until(lambda: a.node_id in b.peers())
+            await a.subscribe("t")
+            await b.subscribe("t")
+            await asyncio.sleep(1.5)
+            for i in range(100):
+                await a.publish("t", i.to_bytes(4, "big"))
+            time.sleep(1.0)  # Python is stuck; the swarm keeps receiving into its queue
+            assert b.peers() == {a.node_id}
+            await box_b.wait_for(lambda: len(box_b.messages["t"]) == 100, timeout=5)
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+@pytest.mark.anyio
+async def test_publish_with_nobody_listening_is_fine(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a")
+    await a.start()
+    try:
+        await a.publish("nobody", b"hello?")
+    finally:
+        await a.stop()
+
+
+@pytest.mark.anyio
+async def test_request_timeout_and_stopped_peer(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a")
+    await a.start()
+    b = make_node(tmp_path / "b", a.listen_addrs())
+    await b.start()
+    try:
+        await wait_until(lambda: b.node_id in a.peers())
+
+        async def slow(sender: str, body: bytes) -> bytes:
+            await asyncio.sleep(5)
+            return body
+
+        b.set_request_handler(slow)
+        started = time.monotonic()
+        with pytest.raises(RequestFailed, match="timed out"):
+            await a.request(b.node_id, b"x", timeout=0.3)
+        assert time.monotonic() - started < 2
+        await b.stop()
+        with pytest.raises(RequestFailed):
+            await a.request(b.node_id, b"x", timeout=3)
+    finally:
+        await b.stop()
+        await a.stop()
+
+
+def test_plugin_hook_builds_the_transport(tmp_path: Path) -> None:
+    config = NodeConfig(
+        data_dir=str(tmp_path), namespace="n", libp2p_port=0, mdns=False, bootstrap_peers=[]
+    )
+    transport = plugin.exo_transport(config=config)
+    assert isinstance(transport, Libp2pTransport)
+    assert transport.namespace == "n" and transport.mdns is False
+    assert (tmp_path / KEY_FILE).exists()
+    config.transport = "memory"
+    assert plugin.exo_transport(config=config) is None
