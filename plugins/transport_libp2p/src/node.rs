@@ -33,7 +33,8 @@ use crate::inbox::Inbox;
 const GOSSIP_FRAME_OVERHEAD: usize = 4096;
 /// How often bootstrap peers that are not connected are dialed again.
 const REDIAL_EVERY: Duration = Duration::from_secs(2);
-/// At most one slow-peer notice per peer in this window, so a stuck peer cannot flood logs.
+/// At most one slow-peer (or dropped-publish) notice per peer in this window, so a stuck
+/// peer or a publishing burst cannot flood the logs.
 const SLOW_PEER_NOTICE_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Config {
@@ -259,7 +260,11 @@ struct Driver {
     pending: HashMap<OutboundRequestId, oneshot::Sender<Result<Vec<u8>, RequestError>>>,
     inbound: HashMap<u64, ResponseChannel<Reply>>,
     next_inbound: u64,
-    slow_peers: HashMap<PeerId, (Instant, usize)>,
+    /// Per slow peer: messages dropped since the last notice, and when that notice went out.
+    slow_peers: HashMap<PeerId, (usize, Option<Instant>)>,
+    /// Broadcasts gossipsub refused because every peer's send queue was full: not yet
+    /// reported, and when the last report went out.
+    publish_drops: (usize, Option<Instant>),
     listening: Option<oneshot::Sender<Result<(), String>>>,
 }
 
@@ -283,6 +288,7 @@ pub async fn start(
         inbound: HashMap::new(),
         next_inbound: 0,
         slow_peers: HashMap::new(),
+        publish_drops: (0, None),
         listening: Some(listening_tx),
     };
     tokio::spawn(driver.run(commands));
@@ -314,7 +320,10 @@ impl Driver {
                     Some(Command::Stop(reply)) => break Some(reply),
                     Some(command) => self.on_command(command),
                 },
-                _ = redial.tick() => self.dial_bootstrap(),
+                _ = redial.tick() => {
+                    self.dial_bootstrap();
+                    self.report_publish_drops(false);
+                }
             }
         };
         self.shutdown().await;
@@ -339,6 +348,7 @@ impl Driver {
                 _ = &mut deadline => break,
             }
         }
+        self.report_publish_drops(true);
         // Requests still waiting fail now rather than at their timeout.
         for (_, reply) in self.pending.drain() {
             let _ = reply.send(Err(RequestError::Failed("transport stopped".into())));
@@ -483,14 +493,28 @@ impl Driver {
             Ok(_) => {}
             // No subscribed peer yet: delivered to nobody, which best effort allows.
             Err(PublishError::NoPeersSubscribedToTopic | PublishError::Duplicate) => {}
-            Err(PublishError::AllQueuesFull(n)) => self.shared.notice(
-                "WARNING",
-                format!("broadcast on {topic:?} dropped: send queues of all {n} peers are full"),
-            ),
+            Err(PublishError::AllQueuesFull(_)) => {
+                self.publish_drops.0 += 1;
+                self.report_publish_drops(false);
+            }
             Err(e) => self
                 .shared
                 .notice("ERROR", format!("broadcast on {topic:?} failed: {e}")),
         }
+    }
+
+    /// Report broadcasts dropped for full send queues: the first at once, then in sums.
+    fn report_publish_drops(&mut self, flush: bool) {
+        let (count, last) = self.publish_drops;
+        let due = last.is_none_or(|t| t.elapsed() >= SLOW_PEER_NOTICE_EVERY);
+        if count == 0 || !(due || flush) {
+            return;
+        }
+        self.publish_drops = (0, Some(Instant::now()));
+        self.shared.notice(
+            "WARNING",
+            format!("{count} broadcasts dropped: the send queues of all their peers were full"),
+        );
     }
 
     fn on_swarm_event(&mut self, event: SwarmEvent<BehaviourEvent>) {
@@ -659,13 +683,11 @@ impl Driver {
                 peer_id,
                 failed_messages,
             } => {
-                let failed = failed_messages.priority + failed_messages.non_priority;
-                let now = Instant::now();
-                let entry = self.slow_peers.entry(peer_id).or_insert((now, 0));
-                entry.1 += failed;
-                if now.duration_since(entry.0) >= SLOW_PEER_NOTICE_EVERY || entry.1 == failed {
-                    let dropped = entry.1;
-                    *entry = (now, 0);
+                let entry = self.slow_peers.entry(peer_id).or_insert((0, None));
+                entry.0 += failed_messages.priority + failed_messages.non_priority;
+                if entry.1.is_none_or(|t| t.elapsed() >= SLOW_PEER_NOTICE_EVERY) {
+                    let dropped = entry.0;
+                    *entry = (0, Some(Instant::now()));
                     self.shared.notice(
                         "WARNING",
                         format!("peer {peer_id} is slow: {dropped} messages to it were dropped"),
