@@ -1,0 +1,156 @@
+"""Translation pieces both OpenAI endpoints share: tools, tool choice, thinking, logprobs, usage."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from exo_core.generation import (
+    ContentPart,
+    FinishReason,
+    GenerationParams,
+    SamplingParams,
+    TokenLogprob,
+    ToolSpec,
+    Usage,
+)
+from exo_core.model_cards import Capability, ModelCard
+from exo_core.service import InvalidRequest
+
+from exo_api_openai.types import ToolChoice, ToolIn
+
+DEFAULTS = GenerationParams()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def tool_specs(tools: list[ToolIn] | None) -> tuple[ToolSpec, ...]:
+    """Tools nested under `function` or flat (the Responses API's shape), as the core's specs."""
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(tools or []):
+        if tool.type != "function":
+            raise InvalidRequest(
+                f"tools[{i}]: tools of type '{tool.type}' are not supported (only 'function')"
+            )
+        fn = tool.function
+        name = fn.name if fn else tool.name
+        if not name:
+            raise InvalidRequest(f"tools[{i}]: a function tool needs a name")
+        description = (fn.description if fn else tool.description) or ""
+        parameters = (fn.parameters if fn else tool.parameters) or {}
+        specs.append(ToolSpec(name=name, description=description, parameters=parameters))
+    return tuple(specs)
+
+
+def tool_choice(choice: ToolChoice | None, tools: tuple[ToolSpec, ...]) -> str:
+    """ "auto", "none", "required", or the name of the one function the model must call."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise InvalidRequest(
+                f"tool_choice must be 'auto', 'none', 'required' or a function, not '{choice}'"
+            )
+        return choice
+    if choice.type != "function":
+        raise InvalidRequest(f"tool_choice of type '{choice.type}' is not supported")
+    name = choice.function.name if choice.function else choice.name
+    if not name:
+        raise InvalidRequest("tool_choice names no function")
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"tool_choice names '{name}', which is not among the tools")
+    return name
+
+
+def thinking(
+    card: ModelCard, effort: str | None, template_kwargs: dict[str, Any] | None
+) -> bool | None:
+    """The thinking switch: from `reasoning_effort` ("none"/"minimal" off, others on) or the
+    `chat_template_kwargs.enable_thinking` extension; None leaves the model's default.
+
+    Models that cannot think ignore it, which is harmless: they would not think anyway."""
+    flag: bool | None = None
+    if effort is not None:
+        flag = effort not in ("none", "minimal")
+    for key, value in (template_kwargs or {}).items():
+        if key not in ("enable_thinking", "thinking"):
+            raise InvalidRequest(f"chat_template_kwargs.{key} is not supported")
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"chat_template_kwargs.{key} must be a boolean")
+        flag = value
+    return flag if card.has(Capability.THINKING) else None
+
+
+def sampling(
+    *,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    repetition_penalty: float | None = None,
+) -> SamplingParams:
+    base = DEFAULTS.sampling
+    return SamplingParams(
+        temperature=base.temperature if temperature is None else temperature,
+        top_p=base.top_p if top_p is None else top_p,
+        top_k=base.top_k if top_k is None else top_k,
+        min_p=base.min_p if min_p is None else min_p,
+        seed=seed,
+        repetition_penalty=repetition_penalty,
+    )
+
+
+def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > 4:
+        raise InvalidRequest("stop takes at most 4 sequences")
+    if any(not s for s in stops):
+        raise InvalidRequest("stop sequences must not be empty")
+    return stops
+
+
+def image(url: str) -> ContentPart:
+    if not url:
+        raise InvalidRequest("an image needs a URL (or a data: URL)")
+    return ContentPart(type="image", image_url=url)
+
+
+def arguments_text(arguments: str | dict[str, Any]) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def token_logprob(lp: TokenLogprob) -> dict[str, Any]:
+    """One token's logprob as OpenAI writes it (Chat Completions and Responses agree)."""
+    return {
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": list(lp.token.encode()),
+        "top_logprobs": [
+            {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
+            for t in lp.top
+        ],
+    }
+
+
+def chat_usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def failure(reason: FinishReason) -> str | None:
+    """The error message for a finish that is not an answer, else None."""
+    if reason == FinishReason.CANCELLED:
+        return "the generation was cancelled in the cluster"
+    if reason == FinishReason.ERROR:
+        return "the generation failed"
+    return None

@@ -1,0 +1,59 @@
+"""OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`, for every failure
+under this plugin's routes (the core's refusals, Litestar's own 404/405/413s, bugs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exo_core.service import GenerationError, ModelNotFound
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
+from loguru import logger
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(
+    status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, *, code: str | None = None) -> Response[Any]:
+    return Response(error_body(status, message, code=code), status_code=status)
+
+
+def _on_generation_error(_: Request[Any, Any, Any], exc: GenerationError) -> Response[Any]:
+    code = "model_not_found" if isinstance(exc, ModelNotFound) else None
+    return error_response(exc.status, exc.message, code=code)
+
+
+def _on_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    code = "not_found" if exc.status_code == 404 else None
+    return error_response(exc.status_code, exc.detail, code=code)
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    logger.opt(exception=exc).error(f"{request.method} {request.url.path} failed")
+    return error_response(500, f"internal error: {exc!r}")
+
+
+# ValidationException is listed itself: the app maps it to the native shape, and a handler for
+# the exact class would win over ours for its base class.
+EXCEPTION_HANDLERS: ExceptionHandlersMap = {
+    GenerationError: _on_generation_error,
+    ValidationException: _on_http_error,
+    HTTPException: _on_http_error,
+    Exception: _on_unexpected,
+}
