@@ -1,1 +1,14 @@
 """Hook implementations of the api_ollama plugin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from exo_core.hookspecs import hookimpl
+
+from exo_api_ollama.routes import router
+
+
+@hookimpl
+def exo_routes() -> list[Any]:
+    return [router()]

@@ -1,6 +1,6 @@
 """HTTP plumbing for this dialect's routes: body decoding, streams that always close, disconnects.
 
-Kept free of OpenAI specifics; the other dialect plugins carry their own copy (plugins never
+Kept free of dialect specifics; each dialect plugin carries its own copy (plugins never
 import each other).
 """
 

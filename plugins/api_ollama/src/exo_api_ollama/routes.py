@@ -1,0 +1,180 @@
+"""The Ollama dialect's HTTP layer, under `/api` and again under `/ollama/api` (for clients
+whose Ollama base URL must differ from the node's root)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from exo_core.generation import Chunk
+from exo_core.model_cards import ModelCard
+from exo_core.node import Node
+from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
+from litestar import Request, Response, Router, get, head, post, route
+from litestar.exceptions import NotFoundException
+from litestar.types import Method
+
+from exo_api_ollama import translate
+from exo_api_ollama.errors import EXCEPTION_HANDLERS, error_response
+from exo_api_ollama.http import (
+    CLIENT_GONE,
+    HTTP_METHODS,
+    ClosingStream,
+    collect,
+    decode_body,
+    frames,
+    method_guards,
+)
+from exo_api_ollama.types import ChatRequest, GenerateRequest, ShowRequest
+
+AnyRequest = Request[Any, Any, Any]
+PREFIXES = ("/api", "/ollama/api")
+NDJSON = "application/x-ndjson"
+
+
+def _paths(path: str) -> list[str]:
+    return [prefix + path for prefix in PREFIXES]
+
+
+def _resolve(generation: GenerationService, name: str) -> ModelCard:
+    """Ollama clients add the default tag `:latest` to bare names; accept it."""
+    try:
+        return generation.resolve(name)
+    except ModelNotFound:
+        if name.endswith(":latest"):
+            return generation.resolve(name.removesuffix(":latest"))
+        raise
+
+
+def _modified_at(node: Node) -> str:
+    return datetime.fromtimestamp(node.started_at, UTC).isoformat().replace("+00:00", "Z")
+
+
+async def _load(
+    generation: GenerationService, card: ModelCard, reply: translate.Reply, req: Any
+) -> Response[Any]:
+    """An empty request only loads the model, as in Ollama (clients use it to preload)."""
+    if translate.is_unload(req.keep_alive):
+        raise InvalidRequest(
+            "unloading through keep_alive 0 is not supported: delete the instance "
+            "with DELETE /instance/{id}"
+        )
+    await generation.instance_for(card)
+    body = reply.loaded()
+    if req.stream:
+        return Response(msgspec.json.encode(body) + b"\n", media_type=NDJSON)
+    return Response(body)
+
+
+async def _answer(
+    request: AnyRequest, reply: translate.Reply, chunks: AsyncIterator[Chunk], stream: bool
+) -> Response[Any]:
+    if stream:
+        return ClosingStream(frames(reply, chunks), media_type=NDJSON)
+    collected = await collect(request, chunks)
+    if collected is None:
+        return Response(None, status_code=CLIENT_GONE)
+    result = reply.result(collected)
+    return error_response(500, result) if isinstance(result, str) else Response(result)
+
+
+@post(_paths("/chat"), status_code=200)
+async def chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+    req = decode_body(await request.body(), ChatRequest)
+    card = _resolve(generation, req.model)
+    reply = translate.Reply(req.model, "chat")
+    if not req.messages:
+        return await _load(generation, card, reply, req)
+    chunks = await generation.generate(card.model_id, translate.chat_params(req, card))
+    return await _answer(request, reply, chunks, req.stream)
+
+
+@post(_paths("/generate"), status_code=200)
+async def generate(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+    req = decode_body(await request.body(), GenerateRequest)
+    card = _resolve(generation, req.model)
+    reply = translate.Reply(req.model, "generate")
+    if not req.prompt and not req.images:
+        return await _load(generation, card, reply, req)
+    chunks = await generation.generate(card.model_id, translate.generate_params(req, card))
+    return await _answer(request, reply, chunks, req.stream)
+
+
+@get(_paths("/tags"))
+async def tags(node: Node) -> dict[str, Any]:
+    when = _modified_at(node)
+    cards = sorted(node.cards().values(), key=lambda c: c.model_id)
+    return {"models": [translate.model_entry(c, when) for c in cards]}
+
+
+@get(_paths("/ps"))
+async def running(node: Node) -> dict[str, Any]:
+    ids = sorted({i.model_id for i in node.state.instances.values()})
+    cards = [card for card in (node.card(i) for i in ids) if card is not None]
+    return {"models": [translate.running_entry(c) for c in cards]}
+
+
+@post(_paths("/show"), status_code=200)
+async def show(request: AnyRequest, node: Node, generation: GenerationService) -> dict[str, Any]:
+    req = decode_body(await request.body(), ShowRequest)
+    name = req.model or req.name
+    if not name:
+        raise InvalidRequest("model is required")
+    return translate.show(_resolve(generation, name), _modified_at(node))
+
+
+@get(_paths("/version"))
+async def version() -> dict[str, str]:
+    return {"version": translate.OLLAMA_VERSION}
+
+
+@get("/ollama", media_type="text/plain")
+async def alive() -> str:
+    return "Ollama is running"
+
+
+@head("/ollama")
+async def alive_head() -> None:
+    return None
+
+
+@route(
+    ["/api/{rest:path}", "/ollama/{rest:path}"],
+    http_method=list(HTTP_METHODS),
+    include_in_schema=False,
+)
+async def unknown_route(request: AnyRequest, rest: str) -> None:
+    raise NotFoundException(f"no route {request.method} {request.url.path}")
+
+
+def router() -> Router:
+    post_only: list[Method] = ["POST"]
+    get_only: list[Method] = ["GET"]
+    known = {
+        "/chat": post_only,
+        "/generate": post_only,
+        "/show": post_only,
+        "/tags": get_only,
+        "/ps": get_only,
+        "/version": get_only,
+    }
+    allowed = {full: methods for path, methods in known.items() for full in _paths(path)}
+    return Router(
+        path="/",
+        route_handlers=[
+            chat,
+            generate,
+            tags,
+            running,
+            show,
+            version,
+            alive,
+            alive_head,
+            unknown_route,
+            *method_guards(allowed),
+        ],
+        exception_handlers=EXCEPTION_HANDLERS,
+        tags=["ollama"],
+    )
