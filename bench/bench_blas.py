@@ -72,15 +72,73 @@ def _spawn(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _gemm_variants() -> list[tuple[str, str]]:
-    """(label, EXO_BLAS value) for every usable BLAS here, the bundled reference first."""
-    variants = [("reference BLAS (bundled with mlx-cpu)", "off")]
+def _thread_counts() -> list[int]:
+    """The runner's default BLAS thread count, and all cores when that differs."""
+    default, cores = blas.blas_threads({}), os.cpu_count() or 1
+    return [default] if default == cores else [default, cores]
+
+
+def _blas_variants() -> list[tuple[str, dict[str, str]]]:
+    """(label, env overrides) per usable BLAS and thread count; the bundled reference first."""
+    variants: list[tuple[str, dict[str, str]]] = [("reference BLAS (mlx-cpu)", {"EXO_BLAS": "off"})]
     for label, lib in blas.candidates():
-        if blas.preload_works(str(lib)):
-            variants.append((label, str(lib)))
-        else:
+        if not blas.preload_works(str(lib)):
             print(f"  (skipped {label}: cannot be preloaded here)")
+            continue
+        for n in _thread_counts():
+            threads = {"OPENBLAS_NUM_THREADS": str(n), "MKL_NUM_THREADS": str(n)}
+            variants.append((f"{label}, {n} thr", {"EXO_BLAS": str(lib), **threads}))
     return variants
+
+
+def _env(overrides: dict[str, str]) -> dict[str, str]:
+    base = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    return blas.runner_env({**base, **overrides})
+
+
+def _bench_gemm() -> None:
+    print("fp32 GEMM 1024x1024, mx.matmul")
+    base: float | None = None
+    for label, overrides in _blas_variants():
+        r = _spawn(["--child", "gemm"], _env(overrides))
+        if "error" in r:
+            print(f"  {label:<46} error: {r['error']}")
+            continue
+        base = base or r["gflops"]
+        print(f"  {label:<46} {r['gflops']:8.1f} GFLOP/s  {r['gflops'] / base:6.1f}x")
+
+
+def _bench_model(n_prompt: int, n_decode: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        model_dir = ensure_embedded_model(Path(tmp))
+        print(f"\nSmolLM2-135M Q4_1 (converted in {time.perf_counter() - t0:.2f} s)")
+        print(f"prompt {n_prompt} tokens, decode {n_decode} tokens, greedy")
+        print(f"  {'variant':<46} {'prefill tok/s':>14} {'decode tok/s':>13}")
+        # The first fast BLAS found is what runners get; show it at each thread count.
+        variants = _blas_variants()
+        fast = variants[1 : 1 + len(_thread_counts())]
+        results: list[tuple[str, dict[str, Any]]] = []
+        for weights in ("quantized", "dense fp32"):
+            for label, overrides in [variants[0], *fast]:
+                child = ["--child", "model", "--model-dir", str(model_dir)]
+                child += ["--prompt-tokens", str(n_prompt), "--decode-tokens", str(n_decode)]
+                r = _spawn(
+                    child + (["--dense"] if weights == "dense fp32" else []), _env(overrides)
+                )
+                name = f"{weights}, {label}"
+                if "error" in r:
+                    print(f"  {name:<46} error: {r['error']}")
+                    continue
+                results.append((name, r))
+                print(f"  {name:<46} {r['prefill_tps']:14.1f} {r['decode_tps']:13.1f}")
+    if results:
+        ref_name, ref = results[0]
+        print(f"\nratios against {ref_name} (prefill, decode)")
+        for name, r in results:
+            p = r["prefill_tps"] / ref["prefill_tps"]
+            d = r["decode_tps"] / ref["decode_tps"]
+            print(f"  {name:<46} {p:13.1f}x {d:12.1f}x")
 
 
 def main() -> None:
@@ -95,64 +153,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.child == "gemm":
         print(json.dumps(_child_gemm()))
-        return
-    if args.child == "model":
+    elif args.child == "model":
         result = _child_model(args.model_dir, args.dense, args.prompt_tokens, args.decode_tokens)
         print(json.dumps(result))
-        return
-
-    print(f"CPU cores: {os.cpu_count()}   (numbers vary with machine load)\n")
-    print("fp32 GEMM 1024x1024, mx.matmul")
-    base: float | None = None
-    for label, value in _gemm_variants():
-        env = blas.runner_env({**os.environ, "EXO_BLAS": value})
-        r = _spawn(["--child", "gemm"], env)
-        if "error" in r:
-            print(f"  {label:<44} error: {r['error']}")
-            continue
-        base = base or r["gflops"]
-        print(f"  {label:<44} {r['gflops']:8.1f} GFLOP/s  {r['gflops'] / base:6.1f}x")
-
-    fast = blas.find_fast_blas({**os.environ, "EXO_BLAS": "auto"})
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        model_dir = ensure_embedded_model(Path(tmp))
-        print(f"\nSmolLM2-135M Q4_1 (converted in {time.perf_counter() - t0:.2f} s)")
-        print(f"prompt {args.prompt_tokens} tokens, decode {args.decode_tokens} tokens, greedy")
-        print(f"  {'variant':<44} {'prefill tok/s':>14} {'decode tok/s':>13}")
-        results: dict[tuple[str, str], dict[str, Any]] = {}
-        blas_modes = [("reference BLAS", "off")] + ([("fast BLAS", str(fast))] if fast else [])
-        for weights in ("quantized", "dense fp32"):
-            for blas_label, value in blas_modes:
-                env = blas.runner_env({**os.environ, "EXO_BLAS": value})
-                extra = ["--dense"] if weights == "dense fp32" else []
-                r = _spawn(
-                    [
-                        "--child",
-                        "model",
-                        "--model-dir",
-                        str(model_dir),
-                        "--prompt-tokens",
-                        str(args.prompt_tokens),
-                        "--decode-tokens",
-                        str(args.decode_tokens),
-                        *extra,
-                    ],
-                    env,
-                )
-                label = f"{weights}, {blas_label}"
-                if "error" in r:
-                    print(f"  {label:<44} error: {r['error']}")
-                    continue
-                results[(weights, blas_label)] = r
-                print(f"  {label:<44} {r['prefill_tps']:14.1f} {r['decode_tps']:13.1f}")
-    ref = results.get(("quantized", "reference BLAS"))
-    if ref:
-        print("\nratios against quantized + reference BLAS (prefill, decode)")
-        for (weights, blas_label), r in results.items():
-            p = r["prefill_tps"] / ref["prefill_tps"]
-            d = r["decode_tps"] / ref["decode_tps"]
-            print(f"  {weights + ', ' + blas_label:<44} {p:13.1f}x {d:12.1f}x")
+    else:
+        print(f"CPU cores: {os.cpu_count()}   (numbers vary with machine load)\n")
+        _bench_gemm()
+        _bench_model(args.prompt_tokens, args.decode_tokens)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,19 @@ def test_exo_blas_explicit_path(tmp_path: Path) -> None:
     lib.write_bytes(b"")
     env = runner_env({"EXO_BLAS": str(lib), "LD_PRELOAD": "/x/other.so"})
     assert env["LD_PRELOAD"] == f"{lib}:/x/other.so"
+    assert env["EXO_BLAS_ACTIVE"] == str(lib)
     with pytest.raises(FileNotFoundError, match="EXO_BLAS"):
         runner_env({"EXO_BLAS": str(tmp_path / "missing.so")})
+
+
+def test_blas_threads(tmp_path: Path) -> None:
+    lib = tmp_path / "libmyblas.so"
+    lib.write_bytes(b"")
+    env = runner_env({"EXO_BLAS": str(lib), "EXO_BLAS_THREADS": "3"})
+    assert env["OPENBLAS_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3"
+    env = runner_env({"EXO_BLAS": str(lib), "OPENBLAS_NUM_THREADS": "5"})
+    assert env["OPENBLAS_NUM_THREADS"] == "5"  # the caller's setting wins
+    assert int(env["MKL_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) - 1)
 
 
 def test_shim_is_a_small_elf() -> None:
