@@ -21,6 +21,7 @@ from exo_engine_mlx.gguf import (
     GGUFImportError,
     gguf_model_card_fields,
     import_gguf,
+    import_gguf_cli,
     read_marker,
 )
 
@@ -185,3 +186,13 @@ def test_not_a_gguf(tmp_path: Path) -> None:
     bad.write_bytes(b"NOPE" + bytes(64))
     with pytest.raises(GGUFImportError, match="not a GGUF file"):
         import_gguf(bad, tmp_path / "m", "x")
+
+
+def test_cli(tiny_gguf: MakeGGUF, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tiny_gguf(**SPECS["q4_0"])
+    assert import_gguf_cli([str(src), "--model-id", "org/tiny"], models_dir=tmp_path) == 0
+    marker = read_marker(tmp_path / "org--tiny")
+    assert marker is not None and marker["model_id"] == "org/tiny"
+    bad = tiny_gguf(arch="qwen2")
+    assert import_gguf_cli([str(bad), "--model-id", "x", "--out", str(tmp_path / "x")]) == 2
+    assert "unsupported architecture 'qwen2'" in capsys.readouterr().err

@@ -4,12 +4,12 @@ The `mlx-cpu` wheel links a reference BLAS (fp32 GEMM ~4 GFLOP/s). libmlx import
 `cblas_sgemm`/`cblas_dgemm`/`cblas_cgemm` dynamically, so an optimized library loaded with
 LD_PRELOAD in the runner subprocess replaces them transparently (~30-50x faster).
 
-Candidates, best first:
-1. Intel MKL from the `mkl` PyPI wheel (`libmkl_rt.so.*` under sys.prefix/lib): plain names.
-2. A system OpenBLAS (Debian's `libopenblas0`): plain names.
-3. `scipy-openblas32` from PyPI: its symbols carry a `scipy_` prefix, so we generate (in pure
-   Python, no compiler) a tiny ELF shim that exports the three plain names and jumps to the
-   prefixed ones. That keeps the install within `uv sync` at ~26 MB.
+Candidates, in order of measured speed (bench/bench_blas.py, 2 cores x86_64):
+1. `scipy-openblas32` from PyPI (a dependency, ~26 MB, no libgfortran needed): its symbols
+   carry a `scipy_` prefix, so we generate, in pure Python (no compiler), a tiny ELF shim
+   that exports the plain names and jumps to the prefixed ones. ~160-200 GFLOP/s.
+2. Intel MKL from the `mkl` PyPI wheel, if installed (~1 GB): plain names. ~180-190 GFLOP/s.
+3. A system OpenBLAS (Debian's `libopenblas0`): plain names. ~130-167 GFLOP/s.
 
 EXO_BLAS=off|auto|<path> overrides the choice, EXO_BLAS_THREADS its thread count;
 EXO_DENSE=auto|on|off the dense fast path.

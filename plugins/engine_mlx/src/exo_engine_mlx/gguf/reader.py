@@ -102,7 +102,7 @@ class _Cursor:
 
     def take(self, n: int) -> memoryview:
         if self.pos + n > len(self.buf):
-            raise GGUFImportError(f"{self.path.name}: truncated GGUF header")
+            raise GGUFImportError(f"{self.path.name}: truncated header (not a complete GGUF file)")
         out = self.buf[self.pos : self.pos + n]
         self.pos += n
         return out
