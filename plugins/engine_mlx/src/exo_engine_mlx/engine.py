@@ -1,0 +1,51 @@
+"""The MLX engine: which cards it serves, where their weights come from, and its runners."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import anyio
+from exo_core.engine import Engine, Runner, RunnerSpec
+from exo_core.model_cards import ModelCard, ModelTask
+
+from exo_engine_mlx.blas import runner_env
+from exo_engine_mlx.protocol import RunnerOptions
+from exo_engine_mlx.runner import MlxRunner
+
+EMBEDDED_SCHEME = "embedded:"
+LOCAL_SCHEME = "local:"
+
+
+def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
+    defaults = RunnerOptions()
+    return RunnerOptions(
+        max_concurrent=int(env.get("EXO_MAX_CONCURRENT_REQUESTS", defaults.max_concurrent)),
+        dense=env.get("EXO_DENSE", defaults.dense),
+        prefix_cache_bytes=int(env.get("EXO_PREFIX_CACHE_BYTES", defaults.prefix_cache_bytes)),
+        min_prefix_tokens=int(env.get("EXO_MIN_PREFIX_TOKENS", defaults.min_prefix_tokens)),
+        default_max_tokens=int(env.get("EXO_DEFAULT_MAX_TOKENS", defaults.default_max_tokens)),
+        warmup=env.get("EXO_RUNNER_WARMUP", "1") != "0",
+    )
+
+
+class MlxEngine(Engine):
+    name = "mlx"
+
+    def can_serve(self, card: ModelCard) -> bool:
+        return ModelTask.TEXT_GENERATION in card.tasks and (
+            card.source.startswith((EMBEDDED_SCHEME, LOCAL_SCHEME, "hf:"))
+        )
+
+    async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
+        if card.source.startswith(LOCAL_SCHEME):
+            return Path(card.source.removeprefix(LOCAL_SCHEME))
+        if card.source.startswith(EMBEDDED_SCHEME):
+            from exo_engine_mlx.embedded import ensure_embedded_model
+
+            # Converting the GGUF takes seconds: keep the event loop free meanwhile.
+            return await anyio.to_thread.run_sync(ensure_embedded_model, models_dir)
+        return None  # a hub model: the downloader fetches it
+
+    def create_runner(self, spec: RunnerSpec) -> Runner:
+        return MlxRunner(spec, options_from_env(os.environ), runner_env())

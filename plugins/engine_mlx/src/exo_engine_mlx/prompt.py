@@ -1,0 +1,80 @@
+"""Turning a `GenerationParams` into prompt tokens with the model's chat template."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from exo_core.generation import ChatMessage, GenerationParams
+
+
+class PromptError(ValueError):
+    """The request cannot be rendered for this model (the message says why)."""
+
+
+def template_message(message: ChatMessage) -> dict[str, Any]:
+    """The dict shape chat templates expect (OpenAI-like, tool call arguments as objects)."""
+    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+    if message.tool_calls:
+        calls = []
+        for call in message.tool_calls:
+            try:
+                arguments: Any = json.loads(call.arguments) if call.arguments else {}
+            except ValueError:
+                arguments = call.arguments
+            calls.append(
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": arguments},
+                }
+            )
+        out["tool_calls"] = calls
+    if message.tool_call_id:
+        out["tool_call_id"] = message.tool_call_id
+    if message.name:
+        out["name"] = message.name
+    if message.reasoning:
+        out["reasoning_content"] = message.reasoning
+    return out
+
+
+def render(tokenizer: Any, params: GenerationParams) -> str:
+    if params.prompt is not None and not params.messages:
+        return params.prompt
+    messages = [template_message(m) for m in params.messages]
+    if getattr(tokenizer, "chat_template", None) is None:
+        # No template: a plain transcript the model can continue.
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        return "\n".join([*lines, "assistant:"])
+    kwargs: dict[str, Any] = {}
+    if params.tools and params.tool_choice != "none":
+        kwargs["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": t.parameters,
+                },
+            }
+            for t in params.tools
+        ]
+    if params.enable_thinking is not None:
+        kwargs["enable_thinking"] = params.enable_thinking
+    try:
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, **kwargs
+        )
+    except Exception as e:  # jinja errors: a role or shape the template refuses
+        raise PromptError(f"the model's chat template refused the messages: {e}") from e
+
+
+def prompt_tokens(tokenizer: Any, params: GenerationParams) -> list[int]:
+    text = render(tokenizer, params)
+    raw = params.prompt is not None and not params.messages
+    # A rendered template already carries its special tokens (BOS included).
+    tokens = list(tokenizer.encode(text, add_special_tokens=raw))
+    if not tokens:
+        raise PromptError("the prompt is empty")
+    return tokens

@@ -1,0 +1,57 @@
+"""Messages between the worker (parent) and a runner subprocess, as msgpack frames on a pipe."""
+
+from __future__ import annotations
+
+import msgspec
+from exo_core.engine import RunnerSpec
+from exo_core.generation import Chunk, GenerationParams
+from exo_core.ids import TaskId
+from exo_core.state import RunnerStatus
+
+
+class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+    params: GenerationParams
+
+
+class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+
+
+class Shutdown(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    pass
+
+
+class StatusUpdate(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    status: RunnerStatus
+    error: str | None = None
+
+
+class ChunkOut(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    chunk: Chunk
+
+
+class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Settings of one runner process (from the environment of the node)."""
+
+    max_concurrent: int = 8
+    # "auto": dense fp32 weights when the model is small; "on"/"off" force it.
+    dense: str = "auto"
+    prefix_cache_bytes: int = 512 * 1024 * 1024
+    min_prefix_tokens: int = 8
+    default_max_tokens: int = 2048
+    warmup: bool = True
+
+
+class Launch(msgspec.Struct, frozen=True, kw_only=True):
+    spec: RunnerSpec
+    options: RunnerOptions
+
+
+ToRunner = Submit | Cancel | Shutdown
+FromRunner = StatusUpdate | ChunkOut
+
+encode = msgspec.msgpack.Encoder().encode
+decode_to_runner = msgspec.msgpack.Decoder(ToRunner).decode
+decode_from_runner = msgspec.msgpack.Decoder(FromRunner).decode
+decode_launch = msgspec.msgpack.Decoder(Launch).decode

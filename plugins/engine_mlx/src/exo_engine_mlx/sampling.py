@@ -1,0 +1,56 @@
+"""Per-request samplers and logits processors on top of mlx-lm's sampling pieces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import mlx.core as mx
+from exo_core.generation import SamplingParams
+from mlx_lm.sample_utils import (
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_repetition_penalty,
+)
+
+Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
+
+# mlx-lm's own default context for repetition penalties; used when a request names none.
+DEFAULT_REPETITION_CONTEXT = 20
+
+
+def greedy(logprobs: mx.array) -> mx.array:
+    return mx.argmax(logprobs, axis=-1)
+
+
+def make_sampler(params: SamplingParams) -> Sampler:
+    """A sampler with its own random key when the request has a seed, so that seeded requests
+    are reproducible whatever else shares the batch."""
+    if params.temperature == 0:
+        return greedy
+    key = mx.random.key(params.seed) if params.seed is not None else None
+    inverse_temperature = 1.0 / params.temperature
+
+    def sample(logprobs: mx.array) -> mx.array:
+        nonlocal key
+        if 0 < params.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, params.top_p)
+        if params.min_p > 0:
+            logprobs = apply_min_p(logprobs, params.min_p)
+        if params.top_k > 0:
+            logprobs = apply_top_k(logprobs, params.top_k)
+        if key is None:
+            return mx.random.categorical(logprobs * inverse_temperature)
+        key, subkey = mx.random.split(key)
+        return mx.random.categorical(logprobs * inverse_temperature, key=subkey)
+
+    return sample
+
+
+def make_processors(params: SamplingParams) -> list[LogitsProcessor]:
+    processors: list[LogitsProcessor] = []
+    if params.repetition_penalty is not None and params.repetition_penalty != 1.0:
+        context = params.repetition_context_size or DEFAULT_REPETITION_CONTEXT
+        processors.append(make_repetition_penalty(params.repetition_penalty, max(1, context)))
+    return processors

@@ -1,0 +1,248 @@
+"""Continuous batching on a tiny random model, checked against mlx-lm's own generation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from exo_core.generation import (
+    ChatMessage,
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    GenerationParams,
+    SamplingParams,
+    TextChunk,
+)
+from exo_core.ids import TaskId
+from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.prefix_cache import PrefixCache
+from exo_engine_mlx.textstream import TextStream
+from exo_engine_mlx.tiny_model import make_tiny_model
+
+GREEDY = SamplingParams(temperature=0)
+PROMPTS = [
+    "hello world",
+    "the quick brown fox",
+    "numbers like 12345",
+    "def main():",
+    "emoji 🙂 and 東京",
+    "tiny model",
+    "lazy dog jumps",
+    "this is a test",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir: Path) -> tuple[Any, Any]:
+    model, tokenizer = mlx_lm.load(str(model_dir))[:2]
+    return model, tokenizer
+
+
+def params(text: str, **kw: Any) -> GenerationParams:
+    kw.setdefault("sampling", GREEDY)
+    kw.setdefault("max_tokens", 16)
+    return GenerationParams(messages=(ChatMessage(role="user", content=text),), **kw)
+
+
+def run(engine: BatchEngine, requests: dict[str, GenerationParams]) -> dict[str, list[Chunk]]:
+    out: dict[str, list[Chunk]] = {k: [] for k in requests}
+    for task_id, p in requests.items():
+        for c in engine.submit(TaskId(task_id), p):
+            out[c.task_id].append(c)
+    while engine.active:
+        for c in engine.step():
+            out[c.task_id].append(c)
+    return out
+
+
+def text(chunks: list[Chunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextChunk))
+
+
+def finish(chunks: list[Chunk]) -> FinishChunk:
+    last = chunks[-1]
+    assert isinstance(last, FinishChunk), last
+    return last
+
+
+def reference(loaded: tuple[Any, Any], prompt: str, max_tokens: int = 16) -> str:
+    model, tokenizer = loaded
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
+    return mlx_lm.generate(model, tokenizer, rendered, max_tokens=max_tokens, verbose=False)
+
+
+def test_greedy_equals_mlx_lm(loaded: tuple[Any, Any]) -> None:
+    engine = BatchEngine(*loaded)
+    for prompt in PROMPTS[:3]:
+        got = run(engine, {"t": params(prompt)})["t"]
+        assert text(got) == reference(loaded, prompt)
+        assert finish(got).usage.prompt_tokens > 0
+
+
+def test_eight_concurrent_requests_each_equal_their_solo_run(loaded: tuple[Any, Any]) -> None:
+    solo = {p: text(run(BatchEngine(*loaded), {"t": params(p)})["t"]) for p in PROMPTS}
+    engine = BatchEngine(*loaded, max_concurrent=8)
+    together = run(engine, {f"t{i}": params(p) for i, p in enumerate(PROMPTS)})
+    for i, p in enumerate(PROMPTS):
+        assert text(together[f"t{i}"]) == solo[p], p
+
+
+def test_a_request_joining_mid_batch_disturbs_nobody(loaded: tuple[Any, Any]) -> None:
+    solo = {p: text(run(BatchEngine(*loaded), {"t": params(p)})["t"]) for p in PROMPTS[:2]}
+    engine = BatchEngine(*loaded)
+    out: dict[str, list[Chunk]] = {"a": [], "b": []}
+    engine.submit(TaskId("a"), params(PROMPTS[0]))
+    for _ in range(5):
+        for c in engine.step():
+            out[c.task_id].append(c)
+    engine.submit(TaskId("b"), params(PROMPTS[1]))
+    while engine.active:
+        for c in engine.step():
+            out[c.task_id].append(c)
+    assert text(out["a"]) == solo[PROMPTS[0]]
+    assert text(out["b"]) == solo[PROMPTS[1]]
+
+
+def test_max_tokens_and_usage(loaded: tuple[Any, Any]) -> None:
+    got = run(BatchEngine(*loaded), {"t": params("hello world", max_tokens=3)})["t"]
+    f = finish(got)
+    assert f.finish_reason in (FinishReason.LENGTH, FinishReason.STOP)
+    assert f.usage.completion_tokens <= 3
+    assert f.usage.time_to_first_token_s >= 0 and f.usage.generation_tps >= 0
+
+
+def test_stop_sequence_cuts_the_text(loaded: tuple[Any, Any]) -> None:
+    full = text(run(BatchEngine(*loaded), {"t": params("hello world", max_tokens=30)})["t"])
+    assert len(full) > 4
+    stop = full[3:5]
+    got = run(BatchEngine(*loaded), {"t": params("hello world", max_tokens=30, stop=(stop,))})["t"]
+    assert text(got) == full[: full.index(stop)]
+    assert finish(got).finish_reason == FinishReason.STOP
+
+
+def test_logprobs_and_top_logprobs(loaded: tuple[Any, Any]) -> None:
+    got = run(
+        BatchEngine(*loaded),
+        {"t": params("hello world", max_tokens=4, logprobs=True, top_logprobs=3)},
+    )["t"]
+    lps = [lp for c in got if isinstance(c, TextChunk) for lp in c.logprobs]
+    assert lps, "logprobs were asked for"
+    for lp in lps:
+        assert lp.logprob <= 0 and len(lp.top) == 3
+        assert [t.logprob for t in lp.top] == sorted((t.logprob for t in lp.top), reverse=True)
+        # Greedy: the chosen token is the most likely one.
+        assert lp.logprob == pytest.approx(lp.top[0].logprob)
+
+
+def test_repetition_penalty_without_context_size_works(loaded: tuple[Any, Any]) -> None:
+    sampling = SamplingParams(temperature=0, repetition_penalty=1.3)
+    got = run(BatchEngine(*loaded), {"t": params("hello world", sampling=sampling)})["t"]
+    assert isinstance(got[-1], FinishChunk)
+
+
+def test_seeded_sampling_is_reproducible(loaded: tuple[Any, Any]) -> None:
+    sampling = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234)
+    first = text(run(BatchEngine(*loaded), {"t": params("hello world", sampling=sampling)})["t"])
+    mx.random.seed(99)  # global randomness must not matter
+    engine = BatchEngine(*loaded)
+    both = run(
+        engine,
+        {
+            "t": params("hello world", sampling=sampling),
+            "u": params("tiny model", sampling=sampling),
+        },
+    )
+    assert text(both["t"]) == first
+
+
+def test_cancel_frees_the_slot(loaded: tuple[Any, Any]) -> None:
+    engine = BatchEngine(*loaded)
+    engine.submit(TaskId("a"), params("hello world", max_tokens=200))
+    engine.step()
+    engine.step()
+    chunks = engine.cancel(TaskId("a"))
+    assert finish(chunks).finish_reason == FinishReason.CANCELLED
+    assert engine.active == 0
+    assert engine.cancel(TaskId("a")) == []  # twice is harmless
+
+
+def test_prefix_cache_reuses_a_shared_prefix(loaded: tuple[Any, Any]) -> None:
+    cache = PrefixCache(budget_bytes=64 << 20, min_tokens=4)
+    engine = BatchEngine(*loaded, prefix_cache=cache)
+    first = run(engine, {"t": params("hello world")})["t"]
+    assert finish(first).usage.cached_tokens == 0
+    again = run(engine, {"t": params("hello world")})["t"]
+    assert finish(again).usage.cached_tokens == finish(first).usage.prompt_tokens - 1
+    assert text(again) == text(first)
+    # A second turn of the same chat shares the first turn's prefix.
+    turn = GenerationParams(
+        messages=(
+            ChatMessage(role="user", content="hello world"),
+            ChatMessage(role="assistant", content=text(first)),
+            ChatMessage(role="user", content="and more"),
+        ),
+        sampling=GREEDY,
+        max_tokens=8,
+    )
+    uncached = run(BatchEngine(*loaded), {"t": turn})["t"]
+    cached = run(engine, {"t": turn})["t"]
+    assert finish(cached).usage.cached_tokens > 5
+    assert text(cached) == text(uncached)
+
+
+def test_prefix_cache_evicts_least_recently_used(loaded: tuple[Any, Any]) -> None:
+    # min_tokens above the chat template's shared opening, so only real prefixes hit.
+    cache = PrefixCache(budget_bytes=64 << 20, min_tokens=8)
+    engine = BatchEngine(*loaded, prefix_cache=cache)
+    run(engine, {"t": params("hello world")})
+    one = cache.nbytes
+    cache.budget_bytes = int(one * 2.5)
+    run(engine, {"t": params("the quick brown fox")})
+    run(engine, {"t": params("numbers like 12345")})
+    assert len(cache) == 2 and cache.nbytes <= cache.budget_bytes
+    hit = run(engine, {"t": params("hello world")})["t"]
+    assert finish(hit).usage.cached_tokens == 0, "the oldest entry was evicted"
+
+
+def test_template_refusal_is_an_error_chunk(loaded: tuple[Any, Any]) -> None:
+    _, tokenizer = loaded
+    original = tokenizer.chat_template
+    tokenizer.chat_template = "{{ raise_exception('no tools here') }}"
+    try:
+        got = BatchEngine(*loaded).submit(TaskId("t"), params("hi"))
+    finally:
+        tokenizer.chat_template = original
+    assert isinstance(got[0], ErrorChunk) and "template" in got[0].message
+
+
+def test_split_characters_never_come_out_as_replacement(loaded: tuple[Any, Any]) -> None:
+    _, tokenizer = loaded
+    sample = "new: 🦊🎉 한국어 ünï 東京"  # characters the tiny vocab never merged
+    ids = tokenizer.encode(sample, add_special_tokens=False)
+    pieces = [tokenizer.decode([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces), "the sample must split a character across tokens"
+    stream = TextStream(tokenizer.detokenizer, stops=())
+    emitted = [stream.add(i) for i in ids] + [stream.finish()]
+    assert all("\ufffd" not in e for e in emitted)
+    assert "".join(emitted) == sample
+
+
+def test_stop_string_split_across_tokens(loaded: tuple[Any, Any]) -> None:
+    _, tokenizer = loaded
+    sample = "the quick brown fox jumps"
+    stream = TextStream(tokenizer.detokenizer, stops=("brown f",))
+    emitted = "".join(stream.add(i) for i in tokenizer.encode(sample, add_special_tokens=False))
+    emitted += stream.finish()
+    assert emitted == "the quick " and stream.stopped
