@@ -167,9 +167,10 @@ class BatchEngine:
             ids = mx.argpartition(-logprobs, kth=top - 1)[:top]
             values = logprobs[ids]
             order = mx.argsort(-values)
+            top_ids: list[int] = ids[order].tolist()  # type: ignore[assignment]
+            top_values: list[float] = values[order].tolist()  # type: ignore[assignment]
             alternatives = tuple(
-                TopLogprob(decode([int(i)]), float(v))
-                for i, v in zip(ids[order].tolist(), values[order].tolist(), strict=True)
+                TopLogprob(decode([i]), v) for i, v in zip(top_ids, top_values, strict=True)
             )
         return TokenLogprob(token=decode([token]), logprob=float(logprobs[token]), top=alternatives)
 

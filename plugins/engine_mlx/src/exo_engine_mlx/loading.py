@@ -23,7 +23,7 @@ def load_model(model_dir: str) -> tuple[Any, Any]:
     """(model, tokenizer) from a local MLX model directory, ready to run on this device."""
     from mlx_lm import load
 
-    model, tokenizer = load(model_dir)
+    model, tokenizer = load(model_dir)[:2]
     if mx.default_device() == mx.cpu:
         _upcast(model)
         if should_dequantize(Path(model_dir), psutil.virtual_memory().available):
