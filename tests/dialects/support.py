@@ -1,0 +1,35 @@
+"""Helpers the dialect tests share."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from exo_core.testing.harness import RunningNode
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+
+
+@dataclass
+class Cluster:
+    node: RunningNode
+    engine: ScriptedEnginePlugin
+
+    @property
+    def url(self) -> str:
+        return self.node.url
+
+    def cancellations(self) -> int:
+        return sum(len(r._cancelled) for r in self.engine.engine.runners)
+
+    def tasks(self) -> int:
+        return len(self.node.node.state.tasks)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
