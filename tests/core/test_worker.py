@@ -1,0 +1,94 @@
+"""The worker's supervision: restarts with backoff, deletion after repeated failures, tasks
+that fail cleanly, and cancellation reaching the runner."""
+
+from __future__ import annotations
+
+import time
+from contextlib import aclosing
+from pathlib import Path
+
+import httpx
+import pytest
+
+from exo_core import worker
+from exo_core.events import InstanceDeleted, RunnerStatusChanged
+from exo_core.generation import (
+    ChatMessage,
+    Chunk,
+    FinishChunk,
+    FinishReason,
+    GenerationParams,
+    TextChunk,
+)
+from exo_core.state import RunnerStatus
+from exo_core.testing.harness import RunningNode, running_node
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+
+
+def test_backoff_doubles_from_two_seconds_up_to_thirty() -> None:
+    assert [worker.backoff_delay(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
+
+
+def wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_three_failures_delete_the_instance_and_reset_the_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker, "BACKOFF_BASE_S", 0.05)
+    plugin = ScriptedEnginePlugin(fail_load=True)
+    with running_node(tmp_path, [plugin]) as node:
+        created = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
+        instance_id = created["instance_id"]
+        wait_for(lambda: instance_id not in node.node.state.instances)
+        events = [e.event for e in node.node.replica.log]
+        failures = [
+            e.runner.failures
+            for e in events
+            if isinstance(e, RunnerStatusChanged) and e.runner.status == RunnerStatus.FAILED
+        ]
+        assert failures == [1, 2, 3]
+        deleted = [e for e in events if isinstance(e, InstanceDeleted)]
+        assert (
+            "failed 3 times" in deleted[-1].reason and "scripted load failure" in deleted[-1].reason
+        )
+        assert len(plugin.engine.runners) == 3
+        # A fresh placement starts from zero failures again.
+        again = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
+        wait_for(lambda: again["instance_id"] not in node.node.state.instances)
+        assert len(plugin.engine.runners) == 6
+
+
+async def _generate(node: RunningNode, text: str, read: int | None = None) -> list[Chunk]:
+    params = GenerationParams(messages=(ChatMessage(role="user", content=text),))
+    out: list[Chunk] = []
+    stream = await node.node.generation.generate("scripted-echo", params)
+    async with aclosing(stream) as chunks:
+        async for chunk in chunks:
+            out.append(chunk)
+            if read is not None and len(out) >= read:
+                break
+    return out
+
+
+def test_leaving_a_stream_early_cancels_the_task_in_the_runner(tmp_path: Path) -> None:
+    plugin = ScriptedEnginePlugin(delay_s=0.2)
+    with running_node(tmp_path, [plugin]) as node:
+        got = node.call(_generate, node, "one two three four five six seven eight", 2)
+        assert len(got) == 2
+        wait_for(lambda: not node.node.state.tasks)
+        runner = plugin.engine.runners[0]
+        wait_for(lambda: got[0].task_id in runner._cancelled)
+
+
+def test_a_full_generation_through_the_cluster_path(tmp_path: Path) -> None:
+    with running_node(tmp_path, [ScriptedEnginePlugin()]) as node:
+        got = node.call(_generate, node, "hello there")
+        assert "".join(c.text for c in got if isinstance(c, TextChunk)) == "echo: hello there"
+        last = got[-1]
+        assert isinstance(last, FinishChunk) and last.finish_reason == FinishReason.STOP
+        wait_for(lambda: not node.node.state.tasks)  # the task left state when it ended
