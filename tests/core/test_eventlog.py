@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 
 import pytest
+from loguru import logger
+
 from exo_core.eventlog import EventLog
 from exo_core.reducer import replay
 from exo_core.testing.logwriter import event_at
-from loguru import logger
 
 
 def test_round_trip_and_reopen(tmp_path: Path) -> None:

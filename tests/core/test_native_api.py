@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from exo_core.testing.harness import RunningNode, running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 

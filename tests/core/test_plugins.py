@@ -38,7 +38,7 @@ build-backend = "hatchling.build"
 packages = ["{module}"]
 """
 
-GOOD = '''
+GOOD = """
 from litestar import get
 from exo_core.hookspecs import hookimpl
 
@@ -51,7 +51,7 @@ async def hello(node: object) -> dict[str, str]:
 @hookimpl
 def exo_routes(ctx):
     return [hello]
-'''
+"""
 
 BROKEN = """
 raise RuntimeError("this plugin is broken on purpose")
@@ -73,7 +73,17 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     broken = make_package(root, "exo-broken", "broken", "exo_broken_plugin", BROKEN)
     target = root / "site"
     subprocess.run(
-        ["uv", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(good), str(broken)],
+        [
+            "uv",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(good),
+            str(broken),
+        ],
         check=True,
         timeout=300,
     )
@@ -83,7 +93,10 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def exo(site: Path, *args: str, **popen: object) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(site)}
     return subprocess.Popen(
-        [sys.executable, "-m", "exo_core.cli", *args], env=env, text=True, **popen  # type: ignore[arg-type]
+        [sys.executable, "-m", "exo_core.cli", *args],
+        env=env,
+        text=True,
+        **popen,  # type: ignore[arg-type]
     )
 
 

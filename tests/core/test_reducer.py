@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from exo_core.events import EVENT_TYPES, Event, IndexedEvent, InstanceCreated, TaskCreated
 from exo_core.generation import ChatMessage, GenerationParams
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.reducer import OutOfOrderEvent, apply, replay
 from exo_core.state import Instance, ShardAssignment, State, Task
 from exo_core.testing.strategies import events
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 INSTANCE = Instance(
     instance_id=InstanceId("i0"),

@@ -4,6 +4,7 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
+
 from exo_core.testing.transport_conformance import *  # noqa: F403
 from exo_core.transport.base import Transport
 from exo_core.transport.memory import MemoryNetwork

@@ -8,6 +8,7 @@ from typing import Any
 import mlx.core as mx
 import mlx_lm
 import pytest
+
 from exo_core.generation import (
     ChatMessage,
     Chunk,

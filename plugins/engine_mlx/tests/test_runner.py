@@ -8,6 +8,7 @@ from pathlib import Path
 
 import anyio
 import pytest
+
 from exo_core.engine import RunnerDied, RunnerSpec
 from exo_core.generation import (
     ChatMessage,

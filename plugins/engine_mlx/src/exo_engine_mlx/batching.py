@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+
 from exo_core.generation import (
     Chunk,
     ErrorChunk,
@@ -25,8 +27,6 @@ from exo_core.generation import (
     Usage,
 )
 from exo_core.ids import TaskId
-from mlx_lm.generate import BatchGenerator
-
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, prompt_tokens
 from exo_engine_mlx.sampling import make_processors, make_sampler

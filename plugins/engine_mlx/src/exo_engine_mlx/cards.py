@@ -9,9 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+from loguru import logger
+
 from exo_core.ids import ModelId
 from exo_core.model_cards import Capability, ModelCard
-from loguru import logger
 
 EMBEDDED_MODEL_ID = ModelId("SmolLM2-135M-Instruct")
 CARD_FILE = "exo-card.json"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import msgspec
+
 from exo_core.engine import RunnerSpec
 from exo_core.generation import Chunk, GenerationParams
 from exo_core.ids import TaskId

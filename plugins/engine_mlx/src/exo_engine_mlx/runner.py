@@ -13,12 +13,12 @@ from multiprocessing.process import BaseProcess
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
+from loguru import logger
+
 from exo_core.engine import Runner, RunnerDied, RunnerSpec, StatusReporter
 from exo_core.generation import Chunk, ErrorChunk, FinishChunk
 from exo_core.ids import TaskId
 from exo_core.state import RunnerStatus, Task
-from loguru import logger
-
 from exo_engine_mlx.protocol import (
     Cancel,
     ChunkOut,

@@ -15,7 +15,6 @@ from multiprocessing.connection import Connection
 from exo_core.generation import ChatMessage, ErrorChunk, GenerationParams, SamplingParams
 from exo_core.ids import TaskId
 from exo_core.state import RunnerStatus
-
 from exo_engine_mlx.protocol import (
     Cancel,
     ChunkOut,

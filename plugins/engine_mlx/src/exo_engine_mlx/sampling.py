@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mlx.core as mx
-from exo_core.generation import SamplingParams
 from mlx_lm.sample_utils import (
     apply_min_p,
     apply_top_k,
     apply_top_p,
     make_repetition_penalty,
 )
+
+from exo_core.generation import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
