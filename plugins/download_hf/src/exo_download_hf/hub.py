@@ -1,0 +1,189 @@
+"""The few hub calls this plugin makes, through huggingface_hub's own client.
+
+huggingface_hub supplies the session, URLs, auth headers (`HF_TOKEN`, or the token file) and
+error types; this module adds what it lacks for resumable, verified downloads: file hashes from
+the repo metadata and ranged GETs into files we keep ourselves. The endpoint is read from
+`HF_ENDPOINT` when a client is made (huggingface_hub reads it only once, at import).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+import msgspec
+from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub.errors import (
+    GatedRepoError,
+    HfHubHTTPError,
+    OfflineModeIsEnabled,
+    RemoteEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+from huggingface_hub.hf_api import ModelInfo
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from exo_download_hf.verify import ExpectedHash
+
+# Seconds to wait for the first byte, and between bytes, before a ranged GET is retried.
+READ_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+class HubError(Exception):
+    """A hub call failed; `status` is the HTTP status the API answers with."""
+
+    status = 502
+
+
+class HubNotFound(HubError):
+    status = 404
+
+
+class HubDenied(HubError):
+    status = 403
+
+
+class HubUnreachable(HubError):
+    """The network failed (connection, timeout): worth retrying."""
+
+    status = 502
+
+
+class RangeNotSatisfiable(HubError):
+    """The requested start lies at or past the end of the file (HTTP 416)."""
+
+
+@dataclass
+class RangeBody:
+    offset: int  # where the body starts in the file: the requested start, or 0
+    chunks: Iterator[bytes]
+
+
+class RemoteFile(msgspec.Struct, frozen=True):
+    path: str
+    size: int
+    expected: ExpectedHash
+
+
+class RepoSnapshot(msgspec.Struct, frozen=True):
+    repo_id: str
+    commit: str
+    files: tuple[RemoteFile, ...]
+
+
+def _remote_file(sibling: Any) -> RemoteFile | None:
+    if sibling.lfs is not None:
+        return RemoteFile(
+            path=sibling.rfilename,
+            size=int(sibling.lfs.size),
+            expected=ExpectedHash("sha256", str(sibling.lfs.sha256)),
+        )
+    if sibling.blob_id is not None and sibling.size is not None:
+        return RemoteFile(
+            path=sibling.rfilename,
+            size=int(sibling.size),
+            expected=ExpectedHash("git-sha1", str(sibling.blob_id)),
+        )
+    return None
+
+
+class HubClient:
+    def __init__(self, endpoint: str | None = None, token: str | None = None) -> None:
+        self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip(
+            "/"
+        )
+        # None lets huggingface_hub find the token (HF_TOKEN, then the token file) per request.
+        self._token = token
+        self.api = HfApi(endpoint=self.endpoint, token=token)
+
+    @contextlib.contextmanager
+    def _translated(self, what: str) -> Iterator[None]:
+        """Turn huggingface_hub's and httpx's errors into HubErrors with a reason a user can act on."""
+        try:
+            yield
+        except GatedRepoError as e:
+            raise HubDenied(
+                f"{what}: the repo is gated; accept its terms on the hub and set HF_TOKEN"
+            ) from e
+        except RepositoryNotFoundError as e:
+            raise HubNotFound(
+                f"{what}: no such repo on {self.endpoint} "
+                "(check the id; a private repo needs HF_TOKEN)"
+            ) from e
+        except RevisionNotFoundError as e:
+            raise HubNotFound(f"{what}: no such revision") from e
+        except RemoteEntryNotFoundError as e:
+            raise HubNotFound(f"{what}: no such file in the repo") from e
+        except OfflineModeIsEnabled as e:
+            raise HubUnreachable(f"{what}: HF_HUB_OFFLINE is set, so the hub is not called") from e
+        except HfHubHTTPError as e:
+            status = e.response.status_code if e.response is not None else 0
+            error = HubDenied if status in (401, 403) else HubError
+            raise error(f"{what}: the hub answered {status}: {e}") from e
+        except (httpx2.TransportError, OSError) as e:
+            raise HubUnreachable(f"{what}: cannot reach the hub at {self.endpoint}: {e!r}") from e
+
+    def snapshot(self, repo_id: str, revision: str = "main") -> RepoSnapshot:
+        """The repo's files with sizes and hashes, at the commit `revision` resolves to now."""
+        with self._translated(repo_id):
+            info = self.api.model_info(repo_id, revision=revision, files_metadata=True)
+        files = [f for s in info.siblings or [] if (f := _remote_file(s)) is not None]
+        if not info.sha:
+            raise HubError(f"{repo_id}: the hub gave no commit for revision {revision}")
+        return RepoSnapshot(repo_id=repo_id, commit=info.sha, files=tuple(files))
+
+    def read_json(self, repo_id: str, path: str, revision: str = "main") -> Any:
+        """A small JSON file of the repo (such as config.json), without caching it anywhere."""
+        url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
+        with self._translated(f"{repo_id}/{path}"):
+            response = get_session().get(
+                url, headers=build_hf_headers(token=self._token), timeout=CONNECT_TIMEOUT_S
+            )
+            hf_raise_for_status(response)
+        try:
+            return response.json()
+        except ValueError as e:
+            raise HubError(f"{repo_id}/{path} is not valid JSON: {e}") from e
+
+    def search(self, query: str, limit: int) -> list[ModelInfo]:
+        with self._translated(f"search '{query}'"):
+            return list(self.api.list_models(search=query or None, limit=limit))
+
+    @contextlib.contextmanager
+    def open_range(self, repo_id: str, path: str, revision: str, start: int) -> Iterator[RangeBody]:
+        """A streaming GET of the file from byte `start`.
+
+        Only network and hub errors are translated: what the caller raises while consuming the
+        body (a full disk, a cancellation) reaches it unchanged."""
+        what = f"{repo_id}/{path}"
+        url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
+        headers = build_hf_headers(token=self._token)
+        # Ranges count raw bytes: a compressed body would make offsets meaningless.
+        headers["Accept-Encoding"] = "identity"
+        if start > 0:
+            headers["Range"] = f"bytes={start}-"
+        timeout = httpx2.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        with contextlib.ExitStack() as stack:
+            with self._translated(what):
+                response = stack.enter_context(
+                    get_session().stream("GET", url, headers=headers, timeout=timeout)
+                )
+                if response.status_code == 416:
+                    raise RangeNotSatisfiable(f"{what}: the hub has no bytes from {start} on")
+                if response.status_code >= 400:
+                    response.read()
+                    hf_raise_for_status(response)
+            # 206: the range was honoured; 200: the server sent the whole file again.
+            offset = start if response.status_code == 206 else 0
+            yield RangeBody(offset=offset, chunks=self._chunks(response, what))
+
+    def _chunks(self, response: httpx2.Response, what: str) -> Iterator[bytes]:
+        # A generator: the consumer's own exceptions never pass through this translation.
+        with self._translated(what):
+            yield from response.iter_bytes()

@@ -1,0 +1,170 @@
+"""HTTP routes of the native API for models: add and remove custom cards, search the hub,
+delete downloads. Errors are native: `{"status_code": N, "detail": "..."}`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+import anyio.to_thread
+import msgspec
+from exo_core.api.errors import native_error
+from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard
+from exo_core.ids import ModelId, NodeId
+from exo_core.node import Node
+from litestar import Response, Router, delete, get, post
+from litestar.params import Parameter
+
+from exo_download_hf.cards import CardError, HubRef, card_from_config, hub_ref
+from exo_download_hf.downloader import HfDownloader
+from exo_download_hf.hub import HubClient, HubError
+
+# A hub repo id: `name` or `org/name`, letters, digits, `-`, `_`, `.`.
+REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+# How long an API call waits for its own event to be applied locally, so that the next read
+# (GET /models) already sees it.
+APPLY_TIMEOUT_S = 5.0
+
+
+class AddModelBody(msgspec.Struct, forbid_unknown_fields=True):
+    model_id: str
+
+
+def _hub(node: Node) -> HubClient:
+    downloader = node.downloader
+    return downloader.hub if isinstance(downloader, HfDownloader) else HubClient()
+
+
+def _offline(node: Node) -> Response[Any] | None:
+    if node.config.offline:
+        return native_error(409, "this node runs with --offline: it does not call the hub")
+    return None
+
+
+@post("/models/add", status_code=201)
+async def add_model(node: Node, data: AddModelBody) -> Response[Any]:
+    repo_id = data.model_id.strip()
+    if not REPO_ID.match(repo_id):
+        return native_error(422, f"'{data.model_id}' is not a hub repo id (org/name)")
+    if (refused := _offline(node)) is not None:
+        return refused
+    existing = node.card(repo_id)
+    if existing is not None and not existing.custom:
+        return native_error(409, f"{repo_id} is a built-in model already")
+    hub = _hub(node)
+
+    def build() -> Any:
+        snapshot = hub.snapshot(repo_id)
+        config = hub.read_json(repo_id, "config.json", snapshot.commit)
+        if not isinstance(config, dict):
+            raise CardError(f"{repo_id}: config.json is not a JSON object")
+        return card_from_config(repo_id, config, snapshot.files)
+
+    try:
+        card = await anyio.to_thread.run_sync(build)
+    except HubError as e:
+        return native_error(e.status, str(e))
+    except CardError as e:
+        return native_error(422, str(e))
+    result = await node.send_command(AddModelCard(card=card))
+    if not result.ok:
+        return native_error(result.status, result.message)
+    await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
+    return Response(msgspec.to_builtins(card), status_code=201)
+
+
+@delete("/models/custom/{model_id:path}", status_code=200)
+async def remove_model(node: Node, model_id: str) -> Response[Any]:
+    model_id = model_id.strip("/")
+    result = await node.send_command(RemoveModelCard(model_id=ModelId(model_id)))
+    if not result.ok:
+        return native_error(result.status, result.message)
+    await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
+    return Response({"model_id": model_id, "deleted": True})
+
+
+@get("/models/search")
+async def search_models(
+    node: Node,
+    query: str = "",
+    limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
+) -> Response[Any]:
+    if (refused := _offline(node)) is not None:
+        return refused
+    hub = _hub(node)
+    try:
+        found = await anyio.to_thread.run_sync(lambda: hub.search(query, limit))
+    except HubError as e:
+        return native_error(e.status, str(e))
+    known = node.cards()
+    models = [
+        {
+            "model_id": m.id,
+            "downloads": m.downloads,
+            "likes": m.likes,
+            "tags": m.tags or [],
+            "pipeline_tag": m.pipeline_tag,
+            "library_name": m.library_name,
+            "added": m.id in known,
+        }
+        for m in found
+    ]
+    return Response({"query": query, "models": models})
+
+
+@delete("/download/{node_id:str}/{model_id:path}", status_code=200)
+async def delete_download(node: Node, node_id: str, model_id: str) -> Response[Any]:
+    model_id = model_id.strip("/")
+    state = node.state
+    if node_id not in state.nodes and node_id != node.node_id:
+        return native_error(404, f"unknown node '{node_id}'")
+    in_use = [
+        i.instance_id
+        for i in state.instances.values()
+        if i.model_id == model_id and i.shard_on(NodeId(node_id)) is not None
+    ]
+    if in_use:
+        return native_error(
+            409,
+            f"{model_id} is in use on {node_id} by instance {', '.join(in_use)}; "
+            "delete the instance first",
+        )
+    command = DeleteDownload(node_id=NodeId(node_id), model_id=ModelId(model_id))
+    if node_id != node.node_id:
+        # That node deletes its files when it applies the event (see the plugin's
+        # exo_event_applied), and refuses for a read-only directory.
+        result = await node.send_command(command)
+        if not result.ok:
+            return native_error(result.status, result.message)
+        await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
+        body = {"node_id": node_id, "model_id": model_id, "deleted": False, "requested": True}
+        return Response(body, status_code=202)
+    downloader = node.downloader
+    if not isinstance(downloader, HfDownloader):
+        return native_error(501, "this node's downloader is not the hub downloader")
+    card = node.card(model_id)
+    ref = (hub_ref(card) if card is not None else None) or HubRef(model_id)
+    found = downloader.find_ref(ref)
+    if found is not None and downloader.dirs.is_read_only(found):
+        return native_error(
+            409,
+            f"{model_id} is in the read-only directory {found.parent} "
+            "(EXO_MODELS_READ_ONLY_DIRS): exo never deletes from it",
+        )
+    deleted = await downloader.delete_ref(ref)
+    reported = NodeId(node_id) in state.downloads and model_id in state.downloads[NodeId(node_id)]
+    if not deleted and not reported:
+        return native_error(404, f"{model_id} is not downloaded on {node_id}")
+    result = await node.send_command(command)
+    if result.ok:
+        await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
+    return Response({"node_id": node_id, "model_id": model_id, "deleted": deleted})
+
+
+def router() -> Router:
+    return Router(
+        path="/",
+        route_handlers=[add_model, remove_model, search_models, delete_download],
+        tags=["models"],
+    )
