@@ -105,6 +105,12 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         raise InvalidRequest("logit_bias is not supported")
     if req.audio is not None or any(m != "text" for m in req.modalities or []):
         raise InvalidRequest("only text output is supported")
+    if req.web_search_options is not None:
+        raise InvalidRequest("web search is not supported")
+    if req.functions is not None or req.function_call is not None:
+        raise InvalidRequest(
+            "functions and function_call are deprecated: use tools and tool_choice"
+        )
     if req.response_format is not None and req.response_format.type != "text":
         raise InvalidRequest(
             f"response_format '{req.response_format.type}' is not supported (only 'text')"

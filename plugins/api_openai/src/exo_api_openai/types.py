@@ -150,6 +150,10 @@ class ChatCompletionRequest(_Body, kw_only=True):
     logit_bias: dict[str, float] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    # The deprecated spelling of tools; refused with a pointer rather than dropped.
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
     # Common extensions (vLLM, llama.cpp): extra sampling knobs and the thinking switch.
     top_k: int | None = None
     min_p: float | None = None
