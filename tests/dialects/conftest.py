@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import anthropic
-import exo_api_claude.plugin
-import exo_api_ollama.plugin
-import exo_api_openai.plugin
 import ollama
 import openai
 import pytest
+
+import exo_api_claude.plugin
+import exo_api_ollama.plugin
+import exo_api_openai.plugin
 from exo_core.testing.harness import running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 

@@ -20,7 +20,10 @@ STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
         "/v1/chat/completions",
         {"model": "scripted-echo", "messages": USER, "stream": True},
     ),
-    "openai-responses": ("/v1/responses", {"model": "scripted-echo", "input": LONG, "stream": True}),
+    "openai-responses": (
+        "/v1/responses",
+        {"model": "scripted-echo", "input": LONG, "stream": True},
+    ),
     "claude": (
         "/v1/messages",
         {"model": "scripted-echo", "max_tokens": 100, "messages": USER, "stream": True},
