@@ -123,15 +123,27 @@ mod tests {
     async fn round_trips_and_enforces_the_limit() {
         let mut codec = BytesCodec { max_size: 8 };
         let mut buf = Cursor::new(Vec::new());
-        codec.write_response(&PROTOCOL, &mut buf, Reply::Err("boom".into())).await.unwrap();
-        codec.write_request(&PROTOCOL, &mut buf, b"12345678".to_vec()).await.unwrap();
-        codec.write_request(&PROTOCOL, &mut buf, b"123456789".to_vec()).await.unwrap();
+        codec
+            .write_response(&PROTOCOL, &mut buf, Reply::Err("boom".into()))
+            .await
+            .unwrap();
+        codec
+            .write_request(&PROTOCOL, &mut buf, b"12345678".to_vec())
+            .await
+            .unwrap();
+        codec
+            .write_request(&PROTOCOL, &mut buf, b"123456789".to_vec())
+            .await
+            .unwrap();
         buf.set_position(0);
         match codec.read_response(&PROTOCOL, &mut buf).await.unwrap() {
             Reply::Err(m) => assert_eq!(m, "boom"),
             Reply::Ok(_) => panic!("expected an error reply"),
         }
-        assert_eq!(codec.read_request(&PROTOCOL, &mut buf).await.unwrap(), b"12345678");
+        assert_eq!(
+            codec.read_request(&PROTOCOL, &mut buf).await.unwrap(),
+            b"12345678"
+        );
         assert!(codec.read_request(&PROTOCOL, &mut buf).await.is_err());
     }
 }

@@ -9,6 +9,7 @@ mod codec;
 mod identity;
 mod inbox;
 mod node;
+mod probe;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -21,13 +22,18 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use codec::Reply;
 use inbox::{Inbox, Item};
 use node::{Command, Control, Event, RequestError as NodeRequestError, Shared};
 
-create_exception!(_native, NativeError, PyException, "The native transport failed.");
+create_exception!(
+    _native,
+    NativeError,
+    PyException,
+    "The native transport failed."
+);
 create_exception!(
     _native,
     PayloadTooLargeError,
@@ -234,7 +240,9 @@ impl Node {
             )));
         }
         if peer_id.to_string() == self.peer_id {
-            return Err(RequestError::new_err("a node cannot send a request to itself"));
+            return Err(RequestError::new_err(
+                "a node cannot send a request to itself",
+            ));
         }
         let timeout = Duration::try_from_secs_f64(timeout.max(0.0))
             .map_err(|e| NativeError::new_err(e.to_string()))?;
@@ -336,19 +344,6 @@ impl Node {
         })
     }
 
-    /// Wait (at most `timeout` seconds) until every bootstrap address was tried once;
-    /// returns true when one of them answered with our own identity (a cloned key).
-    fn wait_bootstrap<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Bound<'py, PyAny>> {
-        let mut state = self.shared.bootstrap.subscribe();
-        let timeout = Duration::try_from_secs_f64(timeout.max(0.0))
-            .map_err(|e| NativeError::new_err(e.to_string()))?;
-        awaitable(py, async move {
-            let _ = tokio::time::timeout(timeout, state.wait_for(|s| s.settled)).await;
-            let duplicate = state.borrow().duplicate_identity;
-            Ok(duplicate)
-        })
-    }
-
     /// Close every connection and stop the swarm; the event queues then end.
     fn stop<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let commands = self.commands.clone();
@@ -431,13 +426,7 @@ fn start_node<'py>(
     inbox_capacity: usize,
 ) -> PyResult<Bound<'py, PyAny>> {
     let key = identity::load_or_create(&key_path).map_err(NativeError::new_err)?;
-    let bootstrap = bootstrap_peers
-        .iter()
-        .map(|a| {
-            a.parse::<Multiaddr>()
-                .map_err(|e| NativeError::new_err(format!("bad bootstrap address {a:?}: {e}")))
-        })
-        .collect::<PyResult<Vec<_>>>()?;
+    let bootstrap = parse_addrs(&bootstrap_peers)?;
     let peer_id = key.public().to_peer_id().to_string();
     let config = node::Config {
         key,
@@ -464,7 +453,6 @@ fn start_node<'py>(
             control: Inbox::new(PENDING_REQUESTS),
             peers: Mutex::new(BTreeSet::new()),
             listen_addrs: Mutex::new(Vec::new()),
-            bootstrap: watch::channel(node::BootstrapState::default()).0,
         });
         let (commands, receiver) = mpsc::channel(COMMAND_QUEUE);
         let started = handle
@@ -496,6 +484,43 @@ fn start_node<'py>(
 fn load_or_create_key(key_path: PathBuf) -> PyResult<String> {
     let key = identity::load_or_create(&key_path).map_err(NativeError::new_err)?;
     Ok(key.public().to_peer_id().to_string())
+}
+
+/// Addresses among `addrs` where another running node presents the identity stored at
+/// `key_path` (a copied data directory). Blocks, with the GIL released, at most `timeout` s.
+#[pyfunction]
+#[pyo3(signature = (key_path, namespace, addrs, timeout = 2.0))]
+fn find_identity_clones(
+    py: Python<'_>,
+    key_path: PathBuf,
+    namespace: String,
+    addrs: Vec<String>,
+    timeout: f64,
+) -> PyResult<Vec<String>> {
+    let key = identity::load_or_create(&key_path).map_err(NativeError::new_err)?;
+    let addrs = parse_addrs(&addrs)?;
+    let timeout = Duration::try_from_secs_f64(timeout.max(0.0))
+        .map_err(|e| NativeError::new_err(e.to_string()))?;
+    py.detach(|| {
+        // A private runtime: this may run before any node exists, and outside any loop.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| NativeError::new_err(format!("cannot start a tokio runtime: {e}")))?;
+        let found = runtime.block_on(probe::find_clones(&key, &namespace, addrs, timeout));
+        runtime.shutdown_background();
+        Ok(found)
+    })
+}
+
+fn parse_addrs(addrs: &[String]) -> PyResult<Vec<Multiaddr>> {
+    addrs
+        .iter()
+        .map(|a| {
+            a.parse::<Multiaddr>()
+                .map_err(|e| NativeError::new_err(format!("bad multiaddr {a:?}: {e}")))
+        })
+        .collect()
 }
 
 /// Replace the key at `key_path` with a fresh one and return its peer id.
@@ -549,8 +574,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(load_or_create_key, m)?)?;
     m.add_function(wrap_pyfunction!(regenerate_key, m)?)?;
     m.add_function(wrap_pyfunction!(shutdown_all, m)?)?;
+    m.add_function(wrap_pyfunction!(find_identity_clones, m)?)?;
     m.add("NativeError", m.py().get_type::<NativeError>())?;
-    m.add("PayloadTooLargeError", m.py().get_type::<PayloadTooLargeError>())?;
+    m.add(
+        "PayloadTooLargeError",
+        m.py().get_type::<PayloadTooLargeError>(),
+    )?;
     m.add("RequestError", m.py().get_type::<RequestError>())?;
     Ok(())
 }

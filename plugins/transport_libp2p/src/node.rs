@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use libp2p::core::muxing::StreamMuxerBox;
 use libp2p::core::transport::upgrade::Version;
+use libp2p::core::transport::Boxed;
 use libp2p::gossipsub::{self, IdentTopic, MessageAuthenticity, PublishError, ValidationMode};
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
@@ -22,7 +24,7 @@ use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, mdns, noise, ping, tcp, yamux, Multiaddr, PeerId, Swarm, Transport};
 use sha2::{Digest, Sha256};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{BytesCodec, Reply, PROTOCOL};
 use crate::inbox::Inbox;
@@ -71,10 +73,7 @@ pub enum Control {
         payload: Vec<u8>,
     },
     /// Another process presented our own peer id. `dialer` is true when we dialed it.
-    DuplicateIdentity {
-        address: String,
-        dialer: bool,
-    },
+    DuplicateIdentity { address: String, dialer: bool },
     /// Something worth a log line on the Python side (level is a loguru level name).
     Notice {
         level: &'static str,
@@ -87,16 +86,6 @@ pub struct Shared {
     pub control: Inbox<Control>,
     pub peers: Mutex<BTreeSet<String>>,
     pub listen_addrs: Mutex<Vec<Multiaddr>>,
-    /// How the first dials to the bootstrap peers went, for `start` to wait on.
-    pub bootstrap: watch::Sender<BootstrapState>,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BootstrapState {
-    /// Every bootstrap address has been tried once (connected, failed, or skipped).
-    pub settled: bool,
-    /// A dial reached another process holding our own identity.
-    pub duplicate_identity: bool,
 }
 
 impl Shared {
@@ -116,7 +105,11 @@ pub enum Command {
     Subscribe(String, oneshot::Sender<Result<(), String>>),
     Unsubscribe(String),
     Publish(String, Vec<u8>),
-    Request(PeerId, Vec<u8>, oneshot::Sender<Result<Vec<u8>, RequestError>>),
+    Request(
+        PeerId,
+        Vec<u8>,
+        oneshot::Sender<Result<Vec<u8>, RequestError>>,
+    ),
     Respond(u64, Reply),
     AddBootstrap(Multiaddr),
     Stop(oneshot::Sender<()>),
@@ -138,19 +131,29 @@ pub fn namespace_psk(namespace: &str) -> PreSharedKey {
     PreSharedKey::new(digest.into())
 }
 
+type BoxedTransport = Boxed<(PeerId, StreamMuxerBox)>;
+
+/// TCP, then the namespace's private network, then noise and yamux.
+fn build_transport(key: &Keypair, namespace: &str) -> Result<BoxedTransport, String> {
+    let psk = namespace_psk(namespace);
+    let noise = noise::Config::new(key).map_err(|e| e.to_string())?;
+    Ok(
+        tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
+            // pnet wraps the raw socket, before any libp2p protocol byte is exchanged.
+            .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
+            .upgrade(Version::V1Lazy)
+            .authenticate(noise)
+            .multiplex(yamux::Config::default())
+            .timeout(Duration::from_secs(20))
+            .map(|(peer, muxer), _| (peer, StreamMuxerBox::new(muxer)))
+            .boxed(),
+    )
+}
+
 fn build_swarm(cfg: &Config) -> Result<Swarm<Behaviour>, String> {
     let key = cfg.key.clone();
     let peer_id = key.public().to_peer_id();
-    let psk = namespace_psk(&cfg.namespace);
-    let noise = noise::Config::new(&key).map_err(|e| e.to_string())?;
-    let transport = tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
-        // pnet wraps the raw socket, before any libp2p protocol byte is exchanged.
-        .and_then(move |socket, _| PnetConfig::new(psk).handshake(socket))
-        .upgrade(Version::V1Lazy)
-        .authenticate(noise)
-        .multiplex(yamux::Config::default())
-        .timeout(Duration::from_secs(20))
-        .boxed();
+    let transport = build_transport(&key, &cfg.namespace)?;
 
     let gossip_config = gossipsub::ConfigBuilder::default()
         .validation_mode(ValidationMode::Strict)
@@ -185,8 +188,10 @@ fn build_swarm(cfg: &Config) -> Result<Swarm<Behaviour>, String> {
     };
 
     let identify = identify::Behaviour::new(
-        identify::Config::new("/exo/1.0.0".into(), key.public())
-            .with_agent_version(format!("exo-transport-libp2p/{}", env!("CARGO_PKG_VERSION"))),
+        identify::Config::new("/exo/1.0.0".into(), key.public()).with_agent_version(format!(
+            "exo-transport-libp2p/{}",
+            env!("CARGO_PKG_VERSION")
+        )),
     );
     // Ping failures are turned into closed connections below, so a dead peer is noticed
     // within interval + timeout.
@@ -226,8 +231,6 @@ struct Bootstrap {
     /// The peer that answered last time, for addresses given without a peer id.
     learned: Option<PeerId>,
     dialing: Option<ConnectionId>,
-    /// Tried at least once since the start.
-    settled: bool,
     /// Answered with our own identity: not dialed again (the clash is reported once).
     clashed: bool,
 }
@@ -246,7 +249,6 @@ impl Bootstrap {
             expected,
             learned: None,
             dialing: None,
-            settled: false,
             clashed: false,
         }
     }
@@ -302,7 +304,11 @@ pub async fn start(
 impl Drop for Driver {
     /// However the driver ends (stopped, or its runtime shut down), readers see the end.
     fn drop(&mut self) {
-        self.shared.peers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared
+            .peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.shared.events.close();
         self.shared.control.close();
     }
@@ -398,7 +404,6 @@ impl Driver {
             if self.is_own_address(&b.addr)
                 || known.is_some_and(|p| p != local && self.swarm.is_connected(&p))
             {
-                self.bootstrap[i].settled = true;
                 continue;
             }
             let opts = match b.expected {
@@ -413,25 +418,13 @@ impl Driver {
             let id = opts.connection_id();
             match self.swarm.dial(opts) {
                 Ok(()) => self.bootstrap[i].dialing = Some(id),
-                Err(e) => {
-                    // Also DialPeerConditionFalse: someone else is already dialing that peer.
-                    self.shared
-                        .notice("DEBUG", format!("dial {} failed: {e}", b.addr));
-                    self.bootstrap[i].settled = true;
-                }
+                // DialPeerConditionFalse: someone else is already dialing that peer.
+                Err(DialError::DialPeerConditionFalse(_)) => {}
+                Err(e) => self
+                    .shared
+                    .notice("DEBUG", format!("dial {} failed: {e}", b.addr)),
             }
         }
-        self.publish_bootstrap_state(false);
-    }
-
-    fn publish_bootstrap_state(&self, duplicate_identity: bool) {
-        let settled = self.bootstrap.iter().all(|b| b.settled);
-        self.shared.bootstrap.send_if_modified(|state| {
-            let before = (state.settled, state.duplicate_identity);
-            state.settled = settled;
-            state.duplicate_identity |= duplicate_identity;
-            before != (state.settled, state.duplicate_identity)
-        });
     }
 
     fn on_command(&mut self, command: Command) {
@@ -464,7 +457,11 @@ impl Driver {
             Command::Respond(id, reply) => {
                 if let Some(channel) = self.inbound.remove(&id) {
                     // Fails only when the requester is gone; nothing left to do then.
-                    let _ = self.swarm.behaviour_mut().request.send_response(channel, reply);
+                    let _ = self
+                        .swarm
+                        .behaviour_mut()
+                        .request
+                        .send_response(channel, reply);
                 }
             }
             Command::AddBootstrap(addr) => {
@@ -557,10 +554,8 @@ impl Driver {
                     if b.dialing == Some(connection_id) {
                         b.dialing = None;
                         b.learned = Some(peer_id);
-                        b.settled = true;
                     }
                 }
-                self.publish_bootstrap_state(false);
                 // Once per peer: only the first connection announces it.
                 if num_established.get() == 1 {
                     let peer = peer_id.to_string();
@@ -596,7 +591,6 @@ impl Driver {
                 for b in &mut self.bootstrap {
                     if b.dialing == Some(connection_id) {
                         b.dialing = None;
-                        b.settled = true;
                         b.clashed = clashed;
                     }
                 }
@@ -606,13 +600,10 @@ impl Driver {
                             address: address.to_string(),
                             dialer: true,
                         });
-                        self.publish_bootstrap_state(true);
                     }
-                    error => {
-                        self.shared
-                            .notice("DEBUG", format!("outgoing connection failed: {error}"));
-                        self.publish_bootstrap_state(false);
-                    }
+                    error => self
+                        .shared
+                        .notice("DEBUG", format!("outgoing connection failed: {error}")),
                 }
             }
             SwarmEvent::IncomingConnectionError {
@@ -685,7 +676,10 @@ impl Driver {
             } => {
                 let entry = self.slow_peers.entry(peer_id).or_insert((0, None));
                 entry.0 += failed_messages.priority + failed_messages.non_priority;
-                if entry.1.is_none_or(|t| t.elapsed() >= SLOW_PEER_NOTICE_EVERY) {
+                if entry
+                    .1
+                    .is_none_or(|t| t.elapsed() >= SLOW_PEER_NOTICE_EVERY)
+                {
                     let dropped = entry.0;
                     *entry = (0, Some(Instant::now()));
                     self.shared.notice(
@@ -707,10 +701,9 @@ impl Driver {
         match event {
             E::Message {
                 peer,
-                message:
-                    M::Request {
-                        request, channel, ..
-                    },
+                message: M::Request {
+                    request, channel, ..
+                },
                 ..
             } => {
                 let id = self.next_inbound;
@@ -756,9 +749,10 @@ impl Driver {
                     let _ = reply.send(Err(RequestError::Failed(error.to_string())));
                 }
             }
-            E::InboundFailure { peer, error, .. } => self
-                .shared
-                .notice("DEBUG", format!("inbound request from {peer} failed: {error}")),
+            E::InboundFailure { peer, error, .. } => self.shared.notice(
+                "DEBUG",
+                format!("inbound request from {peer} failed: {error}"),
+            ),
             E::ResponseSent { .. } => {}
         }
     }

@@ -7,6 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
+
 from exo_core.transport.base import Transport
 from exo_transport_libp2p.testing import libp2p_cluster
 

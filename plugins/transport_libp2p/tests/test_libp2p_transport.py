@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from exo_core.config import NodeConfig
 from exo_core.testing.transport_conformance import inboxes
 from exo_core.transport.base import (
@@ -99,18 +100,38 @@ async def test_cloned_identity_is_replaced_by_the_younger_node(tmp_path: Path) -
     await a.start()
     (tmp_path / "b").mkdir()
     shutil.copy(tmp_path / "a" / KEY_FILE, tmp_path / "b" / KEY_FILE)  # a copied data dir
+    assert Libp2pTransport(tmp_path / "b", "test", check_identity=False).node_id == a.node_id
+    # The node being created finds its twin among its bootstrap peers and takes a new key
+    # before anyone reads its id.
     b = make_node(tmp_path / "b", a.listen_addrs())
-    assert b.node_id == a.node_id
-    await b.start()
     try:
         assert b.identity_regenerated
         assert b.node_id != a.node_id
         assert not a.identity_regenerated and a.node_id in a.listen_addrs()[0]
-        # The new key is persisted, and the two nodes now connect.
-        assert Libp2pTransport(tmp_path / "b", "test").node_id == b.node_id
+        assert Libp2pTransport(tmp_path / "b", "test").node_id == b.node_id, "persisted"
+        await b.start()
         await wait_until(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
     finally:
         await b.stop()
+        await a.stop()
+
+
+@pytest.mark.anyio
+async def test_identity_probe_is_invisible_to_peers(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a")
+    await a.start()
+    b: Libp2pTransport | None = None
+    try:
+        async with inboxes([a]) as (box_a,):
+            b = make_node(tmp_path / "b", a.listen_addrs())  # probes a
+            assert not b.identity_regenerated
+            await asyncio.sleep(0.5)
+            assert box_a.connected == [], "the probe never completes a connection"
+            await b.start()
+            await box_a.wait_for(lambda: box_a.connected == [b.node_id] if b else False)
+    finally:
+        if b is not None:
+            await b.stop()
         await a.stop()
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from exo_core.config import NodeConfig
 from exo_core.hookspecs import hookimpl
 from exo_core.transport.base import Transport
-
 from exo_transport_libp2p.transport import Libp2pTransport
 
 # The names under which `config.transport` selects this plugin's transport.

@@ -11,10 +11,15 @@ the core's interface:
 * nodes of different namespaces never connect: the namespace keys a libp2p private network.
 
 **Identity.** The node's Ed25519 key lives in `<data_dir>/libp2p_identity.key` (mode 0600).
-If a bootstrap peer answers with our own peer id (a copied data directory), the node that is
-starting is the younger one: `start()` regenerates its key and restarts before returning, so
-read `node_id` after `start()`. A clash found later (both already running) is logged as an
-error and left to the operator, since the core's node id must stay stable while it runs.
+A copied data directory would give two nodes one identity. So the constructor, before anyone
+reads `node_id`, probes the bootstrap peers: it runs the handshakes up to noise (which reveals
+the remote's peer id) and hangs up, so a legitimate peer never sees the probe as a connection.
+If one answers with our own peer id, this node, the one starting and so the younger, takes a
+fresh key. That blocks the constructor for up to `bootstrap_wait` seconds, and only when
+bootstrap peers are configured and silent. A clash found later (both nodes already running) is
+logged as an error and left to the operator: a node id must stay stable while the node runs.
+mDNS cannot reveal a clone (libp2p's mDNS ignores records that carry our own peer id), so
+clones found only by mDNS stay apart without being reported.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import atexit
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
+
+from loguru import logger
 
 from exo_core.transport.base import (
     PayloadTooLarge,
@@ -37,8 +44,6 @@ from exo_core.transport.base import (
     TransportLagged,
     TransportMessage,
 )
-from loguru import logger
-
 from exo_transport_libp2p import _native
 
 KEY_FILE = "libp2p_identity.key"
@@ -65,6 +70,7 @@ class Libp2pTransport(Transport):
         max_broadcast_size: int = 1 << 20,
         max_request_size: int = 64 << 20,
         inbox_capacity: int = 8192,
+        check_identity: bool = True,
         bootstrap_wait: float = 2.0,
     ) -> None:
         self.key_path = Path(data_dir) / KEY_FILE
@@ -76,21 +82,38 @@ class Libp2pTransport(Transport):
         self.max_broadcast_size = max_broadcast_size
         self.max_request_size = max_request_size
         self.inbox_capacity = inbox_capacity
-        self.bootstrap_wait = bootstrap_wait
         self.key_path.parent.mkdir(parents=True, exist_ok=True)
         self._node_id = _native.load_or_create_key(self.key_path)
+        self.identity_regenerated = False
+        """True when the constructor found a clone of our key and switched to a fresh one."""
+        if check_identity and self.bootstrap_peers:
+            self._replace_cloned_identity(bootstrap_wait)
         self._node: _native.Node | None = None
         self._handler: RequestHandler | None = None
         self._control_task: asyncio.Task[None] | None = None
         self._handler_tasks: set[asyncio.Task[None]] = set()
         self._started = asyncio.Event()
         self._stopped = False
-        self.identity_regenerated = False
-        """True when `start()` found a clone of our key and switched to a fresh one."""
         self.identity_conflicts: list[str] = []
         """Addresses where a running peer presented our own identity after `start()`."""
 
     # -- identity and addresses -----------------------------------------------------------
+
+    def _replace_cloned_identity(self, timeout: float) -> None:
+        try:
+            clones = _native.find_identity_clones(
+                self.key_path, self.namespace, self.bootstrap_peers, timeout
+            )
+        except _native.NativeError as e:
+            raise TransportError(str(e)) from e
+        if clones:
+            old = self._node_id
+            self._node_id = _native.regenerate_key(self.key_path)
+            self.identity_regenerated = True
+            logger.warning(
+                f"the node at {', '.join(clones)} runs with this node's identity {old} "
+                f"(a copied data directory?); this node takes the new identity {self._node_id}"
+            )
 
     @property
     def node_id(self) -> str:
@@ -114,21 +137,6 @@ class Libp2pTransport(Transport):
         if self._node is not None or self._stopped:
             raise TransportError("a Libp2pTransport starts once")
         node = await self._start_native()
-        # A clone of our key shows up as a bootstrap peer answering with our own peer id.
-        # We are the one starting, hence the younger: take a new key (a couple of tries covers
-        # several clones answering at once).
-        for _ in range(3):
-            if not self.bootstrap_peers or not await node.wait_bootstrap(self.bootstrap_wait):
-                break
-            await node.stop()
-            old = self._node_id
-            self._node_id = _native.regenerate_key(self.key_path)
-            self.identity_regenerated = True
-            logger.warning(
-                f"another node uses this node's identity {old} (a copied data directory?); "
-                f"this node now is {self._node_id}"
-            )
-            node = await self._start_native()
         self._node = node
         self._control_task = asyncio.create_task(self._control_loop(node))
         self._started.set()
