@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from exo_core.generation import GenerationParams
-from exo_core.service import GenerationService
 from litestar import Request, Response, Router, post, route
 from litestar.exceptions import NotFoundException
 
@@ -22,6 +20,8 @@ from exo_api_claude.http import (
     method_guards,
 )
 from exo_api_claude.types import CountTokensRequest, MessagesRequest
+from exo_core.generation import GenerationParams
+from exo_core.service import GenerationService
 
 AnyRequest = Request[Any, Any, Any]
 

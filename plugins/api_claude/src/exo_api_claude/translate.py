@@ -11,6 +11,23 @@ import uuid
 from typing import Any
 
 import msgspec
+
+from exo_api_claude.errors import error_body
+from exo_api_claude.types import (
+    Base64Source,
+    Block,
+    Conversation,
+    ImageBlock,
+    MessageIn,
+    MessagesRequest,
+    RedactedThinkingBlock,
+    TextBlock,
+    ThinkingBlock,
+    ToolChoiceIn,
+    ToolIn,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -30,23 +47,6 @@ from exo_core.generation import (
 )
 from exo_core.model_cards import Capability, ModelCard
 from exo_core.service import InvalidRequest
-
-from exo_api_claude.errors import error_body
-from exo_api_claude.types import (
-    Base64Source,
-    Block,
-    Conversation,
-    ImageBlock,
-    MessageIn,
-    MessagesRequest,
-    RedactedThinkingBlock,
-    TextBlock,
-    ThinkingBlock,
-    ToolChoiceIn,
-    ToolIn,
-    ToolResultBlock,
-    ToolUseBlock,
-)
 
 # -- request ---------------------------------------------------------------------------------
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from exo_core.service import GenerationError
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from loguru import logger
+
+from exo_core.service import GenerationError
 
 
 def error_response(status: int, message: str) -> Response[Any]:

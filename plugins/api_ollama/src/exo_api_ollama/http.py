@@ -12,8 +12,6 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 import msgspec
-from exo_core.generation import Chunk, KeepAliveChunk
-from exo_core.service import InvalidRequest
 from litestar import Request, route
 from litestar.exceptions import MethodNotAllowedException
 from litestar.handlers import HTTPRouteHandler
@@ -21,6 +19,9 @@ from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import Method, Receive, Scope, Send
 from loguru import logger
+
+from exo_core.generation import Chunk, KeepAliveChunk
+from exo_core.service import InvalidRequest
 
 T = TypeVar("T")
 

@@ -8,10 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-from exo_core.generation import Chunk
-from exo_core.model_cards import ModelCard
-from exo_core.node import Node
-from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
 from litestar import Request, Response, Router, get, head, post, route
 from litestar.exceptions import NotFoundException
 from litestar.types import Method
@@ -28,6 +24,10 @@ from exo_api_ollama.http import (
     method_guards,
 )
 from exo_api_ollama.types import ChatRequest, GenerateRequest, ShowRequest
+from exo_core.generation import Chunk
+from exo_core.model_cards import ModelCard
+from exo_core.node import Node
+from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
 
 AnyRequest = Request[Any, Any, Any]
 PREFIXES = ("/api", "/ollama/api")

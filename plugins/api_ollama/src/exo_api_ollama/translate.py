@@ -12,6 +12,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import msgspec
+
+from exo_api_ollama.types import ChatRequest, GenerateRequest, MessageIn, Options, Think, ToolIn
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -32,8 +34,6 @@ from exo_core.generation import (
 )
 from exo_core.model_cards import Capability, ModelCard
 from exo_core.service import InvalidRequest
-
-from exo_api_ollama.types import ChatRequest, GenerateRequest, MessageIn, Options, Think, ToolIn
 
 # The Ollama API level these routes follow (thinking, tool calls with object arguments,
 # tool_name); clients such as Open WebUI read it to decide which features to use.

@@ -9,6 +9,21 @@ import time
 from typing import Any
 
 import msgspec
+
+from exo_api_openai import common
+from exo_api_openai.errors import error_body
+from exo_api_openai.types import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    DeveloperMessage,
+    ImagePart,
+    MessageIn,
+    RefusalPart,
+    SystemMessage,
+    TextPart,
+    ToolMessage,
+    UserMessage,
+)
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -25,21 +40,6 @@ from exo_core.generation import (
 )
 from exo_core.model_cards import ModelCard
 from exo_core.service import InvalidRequest
-
-from exo_api_openai import common
-from exo_api_openai.errors import error_body
-from exo_api_openai.types import (
-    AssistantMessage,
-    ChatCompletionRequest,
-    DeveloperMessage,
-    ImagePart,
-    MessageIn,
-    RefusalPart,
-    SystemMessage,
-    TextPart,
-    ToolMessage,
-    UserMessage,
-)
 
 # -- request ---------------------------------------------------------------------------------
 

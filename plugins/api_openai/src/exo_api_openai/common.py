@@ -6,6 +6,7 @@ import json
 import uuid
 from typing import Any
 
+from exo_api_openai.types import ToolChoice, ToolIn
 from exo_core.generation import (
     ContentPart,
     FinishReason,
@@ -17,8 +18,6 @@ from exo_core.generation import (
 )
 from exo_core.model_cards import Capability, ModelCard
 from exo_core.service import InvalidRequest
-
-from exo_api_openai.types import ToolChoice, ToolIn
 
 DEFAULTS = GenerationParams()
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from exo_core.hookspecs import hookimpl
-
 from exo_api_openai.routes import router
+from exo_core.hookspecs import hookimpl
 
 
 @hookimpl

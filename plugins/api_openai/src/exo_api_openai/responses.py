@@ -11,6 +11,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
+from exo_api_openai import common
+from exo_api_openai.http import convert
+from exo_api_openai.types import (
+    ContentIn,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    InputImage,
+    InputText,
+    MessageItem,
+    OutputText,
+    ReasoningItem,
+    ResponsesRequest,
+)
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -29,20 +43,6 @@ from exo_core.generation import (
 )
 from exo_core.model_cards import ModelCard
 from exo_core.service import InvalidRequest
-
-from exo_api_openai import common
-from exo_api_openai.http import convert
-from exo_api_openai.types import (
-    ContentIn,
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    InputImage,
-    InputText,
-    MessageItem,
-    OutputText,
-    ReasoningItem,
-    ResponsesRequest,
-)
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from exo_core.node import Node
-from exo_core.service import GenerationService, ModelNotFound
 from litestar import Request, Response, Router, get, post, route
 from litestar.exceptions import NotFoundException
 
@@ -24,6 +22,8 @@ from exo_api_openai.http import (
 )
 from exo_api_openai.models import model_list, model_object
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
+from exo_core.node import Node
+from exo_core.service import GenerationService, ModelNotFound
 
 AnyRequest = Request[Any, Any, Any]
 
