@@ -11,7 +11,6 @@ from typing import Any
 
 from exo_core.ids import ModelId
 from exo_core.model_cards import Capability, ModelCard, load_card_dir
-
 from exo_download_hf.hub import RemoteFile
 
 SOURCE_PREFIX = "hf:"

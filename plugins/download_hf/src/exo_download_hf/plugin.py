@@ -12,14 +12,14 @@ import asyncio
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from loguru import logger
+
 from exo_core.commands import ReportEvents
 from exo_core.events import DownloadDeleted, DownloadProgressed, IndexedEvent
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
 from exo_core.state import State
-from loguru import logger
-
 from exo_download_hf.cards import HubRef, builtin_cards, hub_ref
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader

@@ -9,13 +9,13 @@ from typing import Annotated, Any
 
 import anyio.to_thread
 import msgspec
+from litestar import Response, Router, delete, get, post
+from litestar.params import Parameter
+
 from exo_core.api.errors import native_error
 from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard
 from exo_core.ids import ModelId, NodeId
 from exo_core.node import Node
-from litestar import Response, Router, delete, get, post
-from litestar.params import Parameter
-
 from exo_download_hf.cards import CardError, HubRef, card_from_config, hub_ref
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient, HubError

@@ -180,11 +180,13 @@ class HubStandIn:
             self._served.append(served)
 
     def content_requests(self) -> list[Served]:
-        """GETs that sent file content (resolve of git files, and CDN fetches)."""
+        """GETs that sent file content (resolve of git files, and CDN fetches), not redirects."""
         return [
             s
             for s in self.served()
-            if s.method == "GET" and ("/resolve/" in s.path or s.path.startswith("/cdn/"))
+            if s.method == "GET"
+            and s.status in (200, 206)
+            and ("/resolve/" in s.path or s.path.startswith("/cdn/"))
         ]
 
     def lfs_by_hash(self) -> dict[str, tuple[StandInRepo, str]]:
@@ -199,7 +201,7 @@ class HubStandIn:
 def _serve(handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     return server
 
 

@@ -1,0 +1,24 @@
+"""Fixtures of the download tests: the stand-in hub, reached through HF_ENDPOINT."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from exo_download_hf.testing import HubStandIn
+
+from .support import TINY, tiny_files
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubStandIn]:
+    with HubStandIn() as stand_in:
+        stand_in.add_repo(TINY, tiny_files(), downloads=10)
+        monkeypatch.setenv("HF_ENDPOINT", stand_in.url)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+        monkeypatch.delenv("EXO_MODELS_DIRS", raising=False)
+        monkeypatch.delenv("EXO_MODELS_READ_ONLY_DIRS", raising=False)
+        yield stand_in

@@ -1,0 +1,103 @@
+"""Built-in cards (resources/model_cards) and custom cards built from a repo's config.json."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exo_core.model_cards import Capability, ModelCard, load_card_file
+from exo_download_hf import plugin
+from exo_download_hf.cards import CardError, card_dir, card_from_config, hub_ref
+from exo_download_hf.hub import RemoteFile
+from exo_download_hf.verify import ExpectedHash
+
+CARDS = sorted(Path(__file__).parents[2].joinpath("resources", "model_cards").glob("*.toml"))
+
+
+def test_there_are_builtin_cards() -> None:
+    assert len(CARDS) >= 5
+
+
+@pytest.mark.parametrize("path", CARDS, ids=lambda p: p.stem)
+def test_every_card_file_is_valid(path: Path) -> None:
+    card = load_card_file(path)  # the core's schema: unknown keys are errors
+    assert path.stem == card.model_id.replace("/", "--")
+    ref = hub_ref(card)
+    assert ref is not None and ref.repo_id == card.model_id
+    assert card.n_layers > 0 and card.hidden_size > 0 and card.storage_size_bytes > 0
+    kv = card.num_key_value_heads
+    assert kv is not None and kv > 0
+    assert not card.custom
+
+
+def test_the_plugin_contributes_every_card() -> None:
+    ids = {c.model_id for c in plugin.exo_model_cards()}
+    assert ids == {load_card_file(p).model_id for p in CARDS}
+    assert "mlx-community/Qwen3-0.6B-4bit" in ids
+
+
+def test_cards_are_found_inside_a_wheel_first(tmp_path: Path) -> None:
+    package = tmp_path / "site-packages" / "exo_download_hf"
+    (package / "model_cards").mkdir(parents=True)
+    assert card_dir(package) == package / "model_cards"
+    # An editable install: the workspace's resources/ above the package.
+    workspace = tmp_path / "ws"
+    (workspace / "resources" / "model_cards").mkdir(parents=True)
+    src = workspace / "plugins" / "download_hf" / "src" / "exo_download_hf"
+    src.mkdir(parents=True)
+    assert card_dir(src) == workspace / "resources" / "model_cards"
+
+
+def _weights(*sizes: int) -> list[RemoteFile]:
+    files = [RemoteFile("config.json", 100, ExpectedHash("git-sha1", "0" * 40))]
+    return files + [
+        RemoteFile(f"model-{i}.safetensors", s, ExpectedHash("sha256", "0" * 64))
+        for i, s in enumerate(sizes)
+    ]
+
+
+def test_card_from_an_mlx_llama_config() -> None:
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 16,
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "quantization": {"group_size": 64, "bits": 4},
+    }
+    card = card_from_config("mlx-community/x", config, _weights(600, 400))
+    assert card == ModelCard(
+        model_id=card.model_id,
+        family="llama",
+        n_layers=16,
+        hidden_size=2048,
+        num_key_value_heads=8,
+        storage_size_bytes=1000,
+        quantization="4bit",
+        supports_tensor=True,
+        source="hf:mlx-community/x",
+        custom=True,
+    )
+
+
+def test_card_from_a_nested_multimodal_config() -> None:
+    config = {
+        "model_type": "gemma3",
+        "text_config": {"num_hidden_layers": 34, "hidden_size": 2560, "num_attention_heads": 8},
+        "vision_config": {"hidden_size": 1152},
+        "quantization_config": {"quant_method": "awq", "bits": 8},
+    }
+    card = card_from_config("org/vlm", config, _weights(5))
+    assert (card.family, card.n_layers, card.hidden_size) == ("gemma3", 34, 2560)
+    assert card.num_key_value_heads == 8  # no KV heads given: every head has its own
+    assert card.quantization == "8bit" and not card.supports_tensor
+    assert Capability.VISION in card.capabilities
+
+
+def test_card_needs_layers_and_weights() -> None:
+    with pytest.raises(CardError, match="layers"):
+        card_from_config("org/x", {"model_type": "llama", "hidden_size": 8}, _weights(5))
+    config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8}
+    with pytest.raises(CardError, match=r"no \.safetensors weights"):
+        card_from_config("org/x", config, _weights())
