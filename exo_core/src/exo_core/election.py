@@ -1,16 +1,17 @@
 """Master election: deterministic, term based.
 
 Every node broadcasts a `Campaign` twice a second. Among the nodes heard recently, the one with
-the best key leads: `force_master`, then the highest term, then election priority, then
-seniority, then the most commands seen, then node id. A node that claims mastership with a
-higher term than ours is followed at once; a master that sees such a claim steps down, so at
-most one master is accepted per term. With no live master, the best candidate takes the next
-term after a short settling time (long enough to hear everyone).
+the best key leads: `force_master`, then the highest term (the term of the last event in its
+log), then election priority, then seniority, then the most commands seen, then node id. A node
+that claims mastership with a higher term than ours is followed at once; a master that sees
+such a claim steps down, so at most one master is accepted per term. With no live master, the
+best candidate takes the next term after a short settling time (long enough to hear everyone),
+and only while it hears a majority of the cluster's members: a minority could commit nothing.
+Before it starts its term, the winner catches up from the most complete log it can reach.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -39,7 +40,7 @@ class Election:
         self,
         me: Callable[[], Campaign],
         broadcast: Callable[[Campaign], Awaitable[None]],
-        become_master: Callable[[int], Awaitable[None]],
+        become_master: Callable[[int], Awaitable[bool]],
         follow: Callable[[NodeId, int], Awaitable[None]],
         step_down: Callable[[], Awaitable[None]],
         timing: ElectionTiming = ElectionTiming(),
@@ -51,22 +52,27 @@ class Election:
         self._step_down = step_down
         self.timing = timing
         self._heard: dict[NodeId, tuple[Campaign, float]] = {}
-        self._started = time.monotonic()
+        self._started: float | None = None
         self._lost_master_at: float | None = None
         self.master: NodeId | None = None
         self.term = 0
 
     def observe(self, campaign: Campaign) -> None:
-        self._heard[campaign.node_id] = (campaign, time.monotonic())
+        self._heard[campaign.node_id] = (campaign, anyio.current_time())
 
     def forget(self, node_id: NodeId) -> None:
         self._heard.pop(node_id, None)
 
+    def alive(self) -> list[Campaign]:
+        """Campaigns heard within the timeout."""
+        return self._alive()
+
     def _alive(self) -> list[Campaign]:
-        now = time.monotonic()
+        now = anyio.current_time()
         return [c for c, at in self._heard.values() if now - at < self.timing.timeout]
 
     async def run(self) -> None:
+        self._started = anyio.current_time()
         while True:
             me = self._me()
             try:
@@ -77,7 +83,7 @@ class Election:
             await anyio.sleep(self.timing.heartbeat)
 
     async def evaluate(self, me: Campaign) -> None:
-        now = time.monotonic()
+        now = anyio.current_time()
         others = [c for c in self._alive() if c.node_id != me.node_id]
         masters = [c for c in others if c.is_master]
         best_master = max(masters, key=lambda c: (c.term, *rank_key(c)), default=None)
@@ -92,7 +98,7 @@ class Election:
                 await self._step_down()
                 await self._set_following(best_master)
             return
-        if best_master and best_master.term >= self.term:
+        if best_master and best_master.term >= max(self.term, me.term):
             if self.master != best_master.node_id or self.term != best_master.term:
                 await self._set_following(best_master)
             return
@@ -100,15 +106,18 @@ class Election:
         if self.master is not None and self._lost_master_at is None:
             logger.warning(f"master {self.master} lost; electing a new one")
             self._lost_master_at = now
-        if now - self._started < self.timing.settle:
+        if self._started is None or now - self._started < self.timing.settle:
             return
         if self._lost_master_at is not None and now - self._lost_master_at < self.timing.settle / 2:
             return
+        members = max([me.members, *(c.members for c in others)])
+        if 1 + len(others) <= members // 2:
+            return  # too few nodes in reach to commit anything: no master on this side
         best = max([me, *others], key=rank_key)
         if best.node_id == me.node_id:
             term = max([me.term, self.term, *(c.term for c in others)]) + 1
-            self.master, self.term, self._lost_master_at = me.node_id, term, None
-            await self._become_master(term)
+            if await self._become_master(term):
+                self.master, self.term, self._lost_master_at = me.node_id, term, None
 
     async def _set_following(self, master: Campaign) -> None:
         self.master, self.term, self._lost_master_at = master.node_id, master.term, None

@@ -44,7 +44,7 @@ from exo_core.model_cards import ModelCard, index_cards
 from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
 from exo_core.placement_types import PlacementOption, PlacementRequest
 from exo_core.plugin_host import PluginHost
-from exo_core.replica import Replica
+from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
 from exo_core.state import State, TaskStatus
 from exo_core.telemetry import gather_resources, hostname, local_addresses
@@ -63,8 +63,10 @@ from exo_core.wire import (
     Campaign,
     CatchUp,
     ChunkBatch,
+    Diverged,
     EventBatch,
     NotMaster,
+    Replicated,
     decode_broadcast,
     decode_request,
     decode_response,
@@ -74,6 +76,7 @@ from exo_core.worker import Worker
 
 TELEMETRY_INTERVAL_S = 5.0
 NODE_TIMEOUT_S = 30.0
+CATCH_UP_INTERVAL_S = 1.0
 
 
 class NoMaster(RuntimeError):
@@ -263,8 +266,28 @@ class Node:
     def _ingest_broadcast(self, sender: str, batch: EventBatch) -> None:
         if self.master is not None or sender != self.election.master:
             return  # only the master we follow writes our log
-        if self.replica.ingest(batch.events):
+        outcome = self.replica.ingest(batch.events, batch.prev_term)
+        if outcome == Ingested.UP_TO_DATE:
+            self._acknowledge()
+        else:
             self._catch_up_wanted.set()
+
+    def _acknowledge(self) -> None:
+        """Tell the master how far our durable log matches its own (it counts a majority)."""
+        master = self.election.master
+        if master is None or master == self.node_id or self._tg is None:
+            return
+        ack = Replicated(
+            node_id=self.node_id, index=self.replica.state.last_index, term=self.election.term
+        )
+
+        async def send() -> None:
+            try:
+                await self.transport.request(master, encode(ack), timeout=5)
+            except TransportError as e:
+                logger.debug(f"replication ack to {master} failed: {e}")
+
+        self._tg.start_soon(send)
 
     async def _answer(self, sender: str, payload: bytes) -> bytes:
         request = decode_request(payload)
@@ -274,35 +297,52 @@ class Node:
                     return encode(NotMaster(master=self.election.master))
                 self.master.heard_from(NodeId(sender))
                 return encode(await self.master.handle(request))
-            case CatchUp(start=start, limit=limit):
+            case CatchUp(start=start, prev_term=prev_term, limit=limit):
+                if start > 0 and self.replica.term_at(start - 1) != prev_term:
+                    return encode(Diverged())
                 events = self.replica.log.read(start, start + limit)
-                return encode(EventBatch(events=tuple(events)))
+                return encode(EventBatch(events=tuple(events), prev_term=prev_term))
+            case Replicated(node_id=node_id, index=index, term=term):
+                if self.master is not None:
+                    self.master.replicated(node_id, index, term)
+                return encode(Ack())
             case ChunkBatch(chunks=chunks):
                 for chunk in chunks:
                     self.router.deliver(chunk)
                 return encode(Ack())
 
     async def _catch_up_loop(self) -> None:
+        """Catch up when asked to, and at least once a second: the last broadcast before a
+        quiet spell may have been lost, and then no gap would ever show."""
         while True:
-            await self._catch_up_wanted.wait()
+            with anyio.move_on_after(CATCH_UP_INTERVAL_S):
+                await self._catch_up_wanted.wait()
             self._catch_up_wanted = anyio.Event()
-            await self._catch_up()
+            master = self.election.master
+            following = self.master is None and master not in (None, self.node_id)
+            if following and master is not None and await self.sync_from(master):
+                self._acknowledge()
 
-    async def _catch_up(self) -> None:
-        """Fetch missing events from the master in batches until we hold all it has."""
-        while (master := self.election.master) is not None and master != self.node_id:
-            try:
-                raw = await self.transport.request(
-                    master, encode(CatchUp(start=self.replica.next_index)), timeout=30
-                )
-            except TransportError as e:
-                logger.debug(f"catch-up from {master} failed: {e}")
-                await anyio.sleep(0.5)
-                continue
-            answer = decode_response(raw)
-            if not isinstance(answer, EventBatch) or not answer.events:
-                return
-            self.replica.ingest(answer.events)
+    async def sync_from(self, peer: NodeId, timeout: float = 30.0) -> bool:
+        """Make our log a copy of `peer`'s (cutting what diverges), in batches."""
+        with anyio.move_on_after(timeout):
+            while True:
+                start = self.replica.next_index
+                request = CatchUp(start=start, prev_term=self.replica.term_at(start - 1))
+                try:
+                    raw = await self.transport.request(peer, encode(request), timeout=30)
+                except TransportError as e:
+                    logger.debug(f"catch-up from {peer} failed: {e}")
+                    return False
+                answer = decode_response(raw)
+                if isinstance(answer, Diverged):
+                    self.replica.truncate(self.replica.divergence_point())
+                    continue
+                if not isinstance(answer, EventBatch) or not answer.events:
+                    return True
+                if self.replica.ingest(answer.events, answer.prev_term) == Ingested.DIVERGED:
+                    self.replica.truncate(self.replica.divergence_point())
+        return False
 
     # -- election -----------------------------------------------------------------------------
 
@@ -316,19 +356,38 @@ class Node:
             seniority=node.joined_index if node else 1 << 62,
             commands_seen=self.replica.next_index,
             is_master=self.master is not None,
+            members=len({*self.state.nodes, self.node_id}),
         )
 
     async def _broadcast_campaign(self, campaign: Campaign) -> None:
         await self.transport.publish(ELECTION_TOPIC, encode(campaign))
 
-    async def _publish_events(self, events: tuple[IndexedEvent, ...]) -> None:
+    async def _publish_events(
+        self, events: tuple[IndexedEvent, ...], prev_term: int, committed: int
+    ) -> None:
+        batch = EventBatch(events=events, prev_term=prev_term, committed=committed)
         try:
-            await self.transport.publish(EVENTS_TOPIC, encode(EventBatch(events=events)))
+            await self.transport.publish(EVENTS_TOPIC, encode(batch))
         except TransportError as e:
-            # Followers notice the gap on the next broadcast and catch up by request.
+            # Followers notice on their next catch-up and fetch by request.
             logger.debug(f"event broadcast failed: {e}")
 
-    async def _become_master(self, term: int) -> None:
+    async def _become_master(self, term: int) -> bool:
+        """Take over: first catch up from the most complete log in reach, then start a term."""
+        me = self._campaign()
+        best = max(self.election.alive(), key=lambda c: (c.term, c.commands_seen), default=None)
+        if (
+            best is not None
+            and best.node_id != self.node_id
+            and (best.term, best.commands_seen)
+            > (
+                me.term,
+                me.commands_seen,
+            )
+        ):
+            logger.info(f"catching up from {best.node_id} before taking over")
+            if not await self.sync_from(best.node_id, timeout=10):
+                return False
         ctx = MasterContext(card=self.card, place=self._place)
         master = Master(self.node_id, term, self.replica, ctx, self._publish_events)
         master.known_nodes(self.state.nodes)
@@ -336,6 +395,7 @@ class Node:
         await master.start()
         assert self._tg is not None
         self._tg.start_soon(self._master_duties, master)
+        return True
 
     async def _follow(self, master: NodeId, term: int) -> None:
         logger.info(f"following master {master} (term {term})")

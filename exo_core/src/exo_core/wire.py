@@ -14,16 +14,36 @@ ELECTION_TOPIC = "exo/election"
 
 
 class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Indexed events broadcast by the master (or sent in answer to a catch-up)."""
+    """Indexed events broadcast by the master (or sent in answer to a catch-up).
+
+    `prev_term` is the term of the event just before the first one (0 before index 0), so a
+    follower can tell whether its log matches the master's up to there."""
 
     events: tuple[IndexedEvent, ...]
+    prev_term: int = 0
+    # The master's commit index: every event up to here is on a majority of the cluster.
+    committed: int = -1
 
 
 class CatchUp(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Ask a node for the events from `start` on, at most `limit` of them."""
+    """Ask for the events from `start` on (at most `limit`); `prev_term` is the asker's term at
+    `start - 1`, so the answer can say when the asker's log diverges."""
 
     start: int
+    prev_term: int = 0
     limit: int = 5000
+
+
+class Diverged(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The asker's log does not match at `start - 1`: it must cut its tail and ask again."""
+
+
+class Replicated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A follower tells the master it holds the master's log up to `index` (durably)."""
+
+    node_id: NodeId
+    index: int
+    term: int
 
 
 class ChunkBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -43,7 +63,10 @@ class NotMaster(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """A node's bid in an election; see `exo_core.election`."""
+    """A node's bid in an election; see `exo_core.election`.
+
+    `term` is a master's own term, or the term of the last event in a follower's log;
+    `commands_seen` is the length of its log; `members` how many nodes it knows in the cluster."""
 
     node_id: NodeId
     term: int
@@ -52,10 +75,11 @@ class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     seniority: int
     commands_seen: int
     is_master: bool
+    members: int = 1
 
 
-Request = CommandEnvelope | CatchUp | ChunkBatch
-Response = CommandResult | EventBatch | Ack | NotMaster
+Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated
+Response = CommandResult | EventBatch | Ack | NotMaster | Diverged
 Broadcast = EventBatch | Campaign
 
 encode = msgspec.msgpack.Encoder().encode

@@ -25,6 +25,7 @@ from exo_core.node import Node
 from exo_core.plugin_host import load_plugins
 from exo_core.server import serve_api
 from exo_core.transport.base import Transport
+from exo_core.transport.memory import MemoryNetwork
 
 
 def free_port() -> int:
@@ -83,6 +84,97 @@ def running_node(
                 future.exception(timeout=10)
 
 
+@dataclass
+class RunningCluster:
+    """Several nodes on one event loop, joined by an in-memory network."""
+
+    nodes: list[RunningNode]
+    network: MemoryNetwork
+    portal: BlockingPortal
+    restart_node: Any = None
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        return self.portal.call(fn, *args)
+
+    def masters(self) -> list[RunningNode]:
+        return [n for n in self.nodes if n.node.master is not None and not n.future.done()]
+
+    def alive(self) -> list[RunningNode]:
+        return [n for n in self.nodes if not n.future.done()]
+
+    def stop(self, node: RunningNode) -> None:
+        """Stop one node as a crash would: its tasks end and its transport leaves."""
+        node.future.cancel()
+        with contextlib.suppress(BaseException):
+            node.future.exception(timeout=10)
+
+    def restart(self, index: int) -> RunningNode:
+        """Start node `index` again from its data directory (after `stop`)."""
+        self.nodes[index] = self.restart_node(index)
+        return self.nodes[index]
+
+    def wait(self, predicate: Any, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError("the cluster did not get there in time")
+            time.sleep(0.05)
+
+    def converged(self) -> bool:
+        """Every live node holds the same log as the master, and there is one master."""
+        masters = self.masters()
+        if len(masters) != 1:
+            return False
+        expected = masters[0].node.state
+        return all(n.node.state == expected for n in self.alive())
+
+
+@contextlib.contextmanager
+def running_cluster(
+    root: Path,
+    count: int,
+    plugins: Any = lambda i: [],
+    *,
+    network: MemoryNetwork | None = None,
+    election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.3),
+    api: bool = True,
+    **config: Any,
+) -> Iterator[RunningCluster]:
+    """`count` nodes with APIs, on one event loop, over one in-memory network.
+
+    `plugins(i)` gives the plugin objects of node i."""
+    network = network or MemoryNetwork()
+    with start_blocking_portal() as portal:
+        running: list[RunningNode] = []
+
+        def start(i: int) -> RunningNode:
+            host = load_plugins(entry_points=False)
+            for plugin in plugins(i):
+                host.pm.register(plugin)
+            port = free_port()
+            cfg = NodeConfig(
+                data_dir=str(root / f"node{i}"), api_port=port, api=api, transport="memory",
+                **config,
+            )  # fmt: skip
+            transport = network.transport(f"node-{i}")
+            node = portal.call(lambda: _make_node(cfg, host, transport, election))
+            jobs = [lambda: serve_api(node)] if api else []
+            future = portal.start_task_soon(lambda: node.run(extra=jobs))
+            return RunningNode(node, f"http://127.0.0.1:{port}", portal, future)
+
+        try:
+            running.extend(start(i) for i in range(count))
+            cluster = RunningCluster(running, network, portal, restart_node=start)
+            cluster.wait(cluster.converged)
+            yield cluster
+        finally:
+            for n in running:
+                n.future.cancel()
+            for n in running:
+                with contextlib.suppress(BaseException):
+                    n.future.exception(timeout=10)
+
+
 async def _make_node(
     cfg: NodeConfig, host: Any, transport: Transport | None, election: ElectionTiming
 ) -> Node:
@@ -119,4 +211,11 @@ async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
             await anyio.sleep(0.02)
 
 
-__all__ = ["RunningNode", "free_port", "running_node", "wait_until"]
+__all__ = [
+    "RunningCluster",
+    "RunningNode",
+    "free_port",
+    "running_cluster",
+    "running_node",
+    "wait_until",
+]
