@@ -64,16 +64,19 @@ def test_mdns_discovers_a_peer_in_another_namespace(
         )
         for name in two_namespaces
     ]
-    results = []
+    results: list[dict[str, object]] = []
+    logs: list[str] = []
     for proc in procs:
         try:
             out, err = proc.communicate(timeout=40)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
+        logs.append(err[-3000:])
         assert proc.returncode == 0, err[-3000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     a, b = results
-    assert a["connected"] == [b["node_id"]], (a, b)
-    assert b["connected"] == [a["node_id"]], (a, b)
-    assert a["heard"] == [b["node_id"]] and b["heard"] == [a["node_id"]], (a, b)
+    seen = f"{a}\n{b}\n--- a's log:\n{logs[0]}\n--- b's log:\n{logs[1]}"
+    assert a["connected"] == [b["node_id"]], seen
+    assert b["connected"] == [a["node_id"]], seen
+    assert a["heard"] == [b["node_id"]] and b["heard"] == [a["node_id"]], seen
