@@ -10,15 +10,10 @@ import ollama
 import openai
 import pytest
 
-import exo_api_claude.plugin
-import exo_api_ollama.plugin
-import exo_api_openai.plugin
 from exo_core.testing.harness import running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
-from .support import Cluster
-
-DIALECTS = [exo_api_openai.plugin, exo_api_claude.plugin, exo_api_ollama.plugin]
+from .support import DIALECTS, Cluster
 
 
 @pytest.fixture(scope="package")

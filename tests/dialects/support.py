@@ -6,8 +6,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import exo_api_claude.plugin
+import exo_api_ollama.plugin
+import exo_api_openai.plugin
 from exo_core.testing.harness import RunningNode
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+
+DIALECTS = [exo_api_openai.plugin, exo_api_claude.plugin, exo_api_ollama.plugin]
 
 
 @dataclass

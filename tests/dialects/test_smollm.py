@@ -19,7 +19,7 @@ from exo_core.model_cards import Capability, ModelCard
 from exo_core.node import Node
 from exo_core.testing.harness import running_node
 
-from .conftest import DIALECTS
+from .support import DIALECTS
 
 pytestmark = [pytest.mark.smollm, pytest.mark.slow]
 
