@@ -53,7 +53,10 @@ def _modified_at(node: Node) -> str:
 
 
 async def _load(
-    generation: GenerationService, card: ModelCard, reply: translate.Reply, req: Any
+    generation: GenerationService,
+    card: ModelCard,
+    reply: translate.Reply,
+    req: ChatRequest | GenerateRequest,
 ) -> Response[Any]:
     """An empty request only loads the model, as in Ollama (clients use it to preload)."""
     if translate.is_unload(req.keep_alive):
