@@ -87,14 +87,15 @@ async def remove_model(node: Node, model_id: str) -> Response[Any]:
 @get("/models/search")
 async def search_models(
     node: Node,
-    query: str = "",
+    # `query` is a name Litestar reserves (the whole query string), hence the alias.
+    text: Annotated[str, Parameter(query="query")] = "",
     limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
 ) -> Response[Any]:
     if (refused := _offline(node)) is not None:
         return refused
     hub = _hub(node)
     try:
-        found = await anyio.to_thread.run_sync(lambda: hub.search(query, limit))
+        found = await anyio.to_thread.run_sync(lambda: hub.search(text, limit))
     except HubError as e:
         return native_error(e.status, str(e))
     known = node.cards()
@@ -110,7 +111,7 @@ async def search_models(
         }
         for m in found
     ]
-    return Response({"query": query, "models": models})
+    return Response({"query": text, "models": models})
 
 
 @delete("/download/{node_id:str}/{model_id:path}", status_code=200)

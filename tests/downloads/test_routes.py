@@ -1,0 +1,189 @@
+"""The plugin's native API routes on a real node, against the stand-in hub."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+import exo_download_hf.plugin as download_plugin
+from exo_core.commands import AddModelCard, DeleteDownload
+from exo_core.ids import ModelId, NodeId
+from exo_core.state import DownloadStatus
+from exo_core.testing.harness import RunningNode, running_node
+from exo_download_hf.dirs import ModelDirs
+from exo_download_hf.downloader import HfDownloader
+from exo_download_hf.testing import HubStandIn
+
+from .support import TINY, WEIGHTS, HubEnginePlugin, Reports, card
+
+
+@pytest.fixture
+def node(hub: HubStandIn, tmp_path: Path) -> Iterator[RunningNode]:
+    with running_node(tmp_path / "node", [download_plugin, HubEnginePlugin()]) as n:
+        yield n
+
+
+def models(node: RunningNode) -> dict[str, dict[str, object]]:
+    return {m["model_id"]: m for m in httpx.get(f"{node.url}/models").json()["models"]}
+
+
+def download_locally(node: RunningNode) -> Path:
+    downloader = node.node.downloader
+    assert isinstance(downloader, HfDownloader)
+    return node.call(downloader.ensure, card(), Reports())
+
+
+def test_add_list_and_remove_a_custom_model(node: RunningNode) -> None:
+    added = httpx.post(f"{node.url}/models/add", json={"model_id": TINY})
+    assert added.status_code == 201, added.text
+    body = added.json()
+    expected = {
+        "model_id": TINY,
+        "family": "llama",
+        "n_layers": 4,
+        "hidden_size": 64,
+        "num_key_value_heads": 2,
+        "storage_size_bytes": WEIGHTS,
+        "quantization": "4bit",
+        "supports_tensor": True,
+        "source": f"hf:{TINY}",
+        "custom": True,
+    }
+    assert body.items() >= expected.items()
+    # Listed at once: the route waits for its event to apply before answering.
+    listed = models(node)[TINY]
+    assert listed.items() >= expected.items() and listed["downloads"] == {}
+
+    removed = httpx.delete(f"{node.url}/models/custom/{TINY}")
+    assert removed.status_code == 200 and removed.json() == {"model_id": TINY, "deleted": True}
+    assert TINY not in models(node)
+    again = httpx.delete(f"{node.url}/models/custom/{TINY}")
+    assert again.status_code == 404
+    assert again.json() == {"status_code": 404, "detail": f"no custom model '{TINY}'"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "words"),
+    [
+        ({"model_id": "not a repo!"}, 422, "not a hub repo id"),
+        ({"model_id": "org/nope"}, 404, "no such repo"),
+        ({"model_id": "mlx-community/Qwen3-0.6B-4bit"}, 409, "built-in"),
+        ({"model_id": "org/bad-config"}, 422, "config.json does not give the layers"),
+        ({"repo": "org/tiny"}, 422, "unknown field `repo`"),
+        ({}, 422, "model_id"),
+    ],
+)
+def test_add_errors(
+    node: RunningNode, hub: HubStandIn, body: dict[str, str], status: int, words: str
+) -> None:
+    hub.add_repo("org/bad-config", {"config.json": b"{}", "model.safetensors": b"x"})
+    answer = httpx.post(f"{node.url}/models/add", json=body)
+    assert answer.status_code == status, answer.text
+    error = answer.json()
+    assert error["status_code"] == status and words in answer.text
+
+
+def test_a_custom_model_survives_a_restart(hub: HubStandIn, tmp_path: Path) -> None:
+    plugins = [download_plugin, HubEnginePlugin()]
+    with running_node(tmp_path / "node", plugins) as first:
+        assert httpx.post(f"{first.url}/models/add", json={"model_id": TINY}).status_code == 201
+    hub.clear()
+    with running_node(tmp_path / "node", plugins) as second:
+        assert models(second)[TINY]["custom"] is True
+    assert hub.served() == []  # replayed from the event log, not fetched again
+
+
+def test_search(node: RunningNode, hub: HubStandIn) -> None:
+    hub.add_repo("other/tinier", {"config.json": b"{}"}, downloads=1)
+    httpx.post(f"{node.url}/models/add", json={"model_id": TINY})
+    found = httpx.get(f"{node.url}/models/search", params={"query": "tin", "limit": 5}).json()
+    assert found["query"] == "tin"
+    assert [(m["model_id"], m["added"]) for m in found["models"]] == [
+        (TINY, True),
+        ("other/tinier", False),
+    ]
+    assert found["models"][0]["downloads"] == 10
+    one = httpx.get(f"{node.url}/models/search", params={"query": "tin", "limit": 1}).json()
+    assert len(one["models"]) == 1
+    bad = httpx.get(f"{node.url}/models/search", params={"limit": 0})
+    assert bad.status_code == 422 and bad.json()["status_code"] == 422
+
+
+def test_an_offline_node_does_not_call_the_hub(hub: HubStandIn, tmp_path: Path) -> None:
+    with running_node(tmp_path / "node", [download_plugin], offline=True) as node:
+        added = httpx.post(f"{node.url}/models/add", json={"model_id": TINY})
+        assert added.status_code == 409 and "--offline" in added.json()["detail"]
+        assert httpx.get(f"{node.url}/models/search").status_code == 409
+    assert hub.served() == []
+
+
+def test_delete_a_local_download(node: RunningNode) -> None:
+    path = download_locally(node)
+    url = f"{node.url}/download/{node.node_id}/{TINY}"
+    deleted = httpx.delete(url)
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {"node_id": node.node_id, "model_id": TINY, "deleted": True}
+    assert not path.exists()
+    again = httpx.delete(url)
+    assert again.status_code == 404 and "not downloaded" in again.json()["detail"]
+
+
+def test_delete_refused_in_a_read_only_dir(
+    hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "nfs"
+    kept = anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
+    monkeypatch.setenv("EXO_MODELS_READ_ONLY_DIRS", str(shared))
+    with running_node(tmp_path / "node", [download_plugin]) as node:
+        refused = httpx.delete(f"{node.url}/download/{node.node_id}/{TINY}")
+        assert refused.status_code == 409
+        assert "read-only" in refused.json()["detail"] and str(shared) in refused.json()["detail"]
+        assert (kept / "model.safetensors").exists()
+        assert node.node.downloader is not None
+        assert node.node.downloader.find_local(card()) == kept
+
+
+def test_delete_on_an_unknown_node(node: RunningNode) -> None:
+    answer = httpx.delete(f"{node.url}/download/node-nobody/{TINY}")
+    assert answer.status_code == 404 and "node-nobody" in answer.json()["detail"]
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_a_delete_request_in_the_log_deletes_here(node: RunningNode) -> None:
+    """What another node's DELETE /download/<this node>/... leads to on this node."""
+    path = download_locally(node)
+    request = DeleteDownload(node_id=NodeId(node.node_id), model_id=ModelId(TINY))
+    node.call(node.node.send_command, request)
+    _wait(lambda: not path.exists())
+
+
+def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
+    hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shared = tmp_path / "nfs"
+    kept = anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
+    monkeypatch.setenv("EXO_MODELS_READ_ONLY_DIRS", str(shared))
+    with running_node(tmp_path / "node", [download_plugin]) as node:
+        me = NodeId(node.node_id)
+        node.call(node.node.send_command, AddModelCard(card=card()))
+        request = DeleteDownload(node_id=me, model_id=ModelId(TINY))
+        node.call(node.node.send_command, request)
+
+        def reported() -> bool:
+            p = node.node.state.downloads.get(me, {}).get(ModelId(TINY))
+            return p is not None and p.status == DownloadStatus.COMPLETED
+
+        _wait(reported)
+        assert node.node.state.downloads[me][ModelId(TINY)].path == str(kept)
+        assert (kept / "model.safetensors").exists()

@@ -1,0 +1,64 @@
+"""End to end on a node: placing an instance makes the worker download the model first."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+import exo_download_hf.plugin as download_plugin
+from exo_core.commands import AddModelCard
+from exo_core.ids import ModelId, NodeId
+from exo_core.state import DownloadStatus, RunnerStatus
+from exo_core.testing.harness import RunningNode, running_node
+from exo_download_hf.testing import HubStandIn
+
+from .support import TINY, HubEnginePlugin, card
+
+
+def wait(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def runner_statuses(node: RunningNode) -> list[RunnerStatus]:
+    return [r.status for r in node.node.state.runners.values()]
+
+
+def test_placing_an_instance_downloads_the_model(hub: HubStandIn, tmp_path: Path) -> None:
+    with running_node(tmp_path / "node", [download_plugin, HubEnginePlugin()]) as node:
+        assert httpx.post(f"{node.url}/models/add", json={"model_id": TINY}).status_code == 201
+        wait(lambda: "hub-test" in node.node.state.nodes[NodeId(node.node_id)].resources.engines)
+        placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
+        assert placed.status_code == 201, placed.text
+        wait(lambda: RunnerStatus.READY in runner_statuses(node))
+
+        progress = node.node.state.downloads[NodeId(node.node_id)][ModelId(TINY)]
+        assert progress.status == DownloadStatus.COMPLETED
+        assert progress.node_id == node.node_id  # learnt by the plugin
+        model_dir = tmp_path / "node" / "models" / "org--tiny"
+        assert progress.path == str(model_dir)
+        assert (model_dir / "model.safetensors").is_file()
+        downloaded = httpx.get(f"{node.url}/models", params={"status": "downloaded"}).json()
+        assert [m["model_id"] for m in downloaded["models"]] == [TINY]
+
+
+def test_offline_node_fails_the_runner_not_the_node(hub: HubStandIn, tmp_path: Path) -> None:
+    plugins = [download_plugin, HubEnginePlugin()]
+    with running_node(tmp_path / "node", plugins, offline=True) as node:
+        node.call(node.node.send_command, AddModelCard(card=card()))
+        wait(lambda: "hub-test" in node.node.state.nodes[NodeId(node.node_id)].resources.engines)
+        placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
+        assert placed.status_code == 201, placed.text
+        wait(lambda: RunnerStatus.FAILED in runner_statuses(node))
+        failed = next(r for r in node.node.state.runners.values())
+        assert failed.error is not None
+        assert "offline" in failed.error and "not on disk" in failed.error
+        progress = node.node.state.downloads[NodeId(node.node_id)][ModelId(TINY)]
+        assert progress.status == DownloadStatus.FAILED and "offline" in (progress.error or "")
+        assert httpx.get(f"{node.url}/healthz").json()["status"] == "ok"
+    assert hub.served() == []
