@@ -229,6 +229,39 @@ async def test_stale_partial_longer_than_the_file_is_discarded(
     assert (path / "model.safetensors").read_bytes() == tiny_files()["model.safetensors"]
 
 
+async def test_a_server_ignoring_ranges_restarts_the_file(hub: HubStandIn, tmp_path: Path) -> None:
+    store = ModelStore(tmp_path / "org--tiny")
+    store.partial_dir.mkdir(parents=True)
+    weights = tiny_files()["model.safetensors"]
+    (store.partial_dir / f"{WEIGHTS_SHA}.part").write_bytes(weights[:1000])
+    hub.honour_ranges = False
+    path = await downloader(tmp_path).ensure(card(), Reports())
+    assert (path / "model.safetensors").read_bytes() == weights
+    cdn = [s for s in hub.content_requests() if s.path.startswith("/cdn/")]
+    assert [(s.status, s.body_bytes) for s in cdn] == [(200, WEIGHTS)]
+
+
+async def test_delete_stops_a_download_in_progress(hub: HubStandIn, tmp_path: Path) -> None:
+    hub.throttle_bytes_per_s = 1_000_000
+    d = downloader(tmp_path)
+    part = ModelStore(tmp_path / "org--tiny").partial_dir / f"{WEIGHTS_SHA}.part"
+    failures: list[DownloadFailed] = []
+
+    async def fetch() -> None:
+        try:
+            await d.ensure(card(), Reports())
+        except DownloadFailed as e:
+            failures.append(e)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(fetch)
+        while not part.exists() or part.stat().st_size < 100_000:
+            await anyio.sleep(0.02)
+        assert await d.delete(card()) is True
+    assert not (tmp_path / "org--tiny").exists()
+    assert len(failures) == 1 and "being deleted" in str(failures[0])
+
+
 async def test_delete_removes_the_model(hub: HubStandIn, tmp_path: Path) -> None:
     d = downloader(tmp_path)
     await d.ensure(card(), Reports())

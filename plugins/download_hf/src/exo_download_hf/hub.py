@@ -132,7 +132,9 @@ class HubClient:
     def snapshot(self, repo_id: str, revision: str = "main") -> RepoSnapshot:
         """The repo's files with sizes and hashes, at the commit `revision` resolves to now."""
         with self._translated(repo_id):
-            info = self.api.model_info(repo_id, revision=revision, files_metadata=True)
+            info = self.api.model_info(
+                repo_id, revision=revision, files_metadata=True, timeout=READ_TIMEOUT_S
+            )
         files = [f for s in info.siblings or [] if (f := _remote_file(s)) is not None]
         if not info.sha:
             raise HubError(f"{repo_id}: the hub gave no commit for revision {revision}")

@@ -18,7 +18,6 @@ require a token for private repos.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -118,6 +117,8 @@ class HubStandIn:
         # (repo, path) whose bytes are served altered (same length): a corrupted transfer.
         self.corrupt: set[tuple[str, str]] = set()
         self.throttle_bytes_per_s: float | None = None
+        # False: answer ranged requests with the whole file (200), as some proxies do.
+        self.honour_ranges = True
         # The token a private repo requires (as `Authorization: Bearer <token>`).
         self.token = "hf_stand_in_token"
         self._served: list[Served] = []
@@ -321,7 +322,7 @@ class _Handler(BaseHTTPRequestHandler):
         headers = {**headers, "Accept-Ranges": "bytes"}
         status = 200
         requested = self.headers.get("Range")
-        if requested and (m := _RANGE.match(requested.strip())):
+        if requested and self.hub.honour_ranges and (m := _RANGE.match(requested.strip())):
             start = int(m[1])
             end = int(m[2]) if m[2] else len(data) - 1
             self._range_start = start
@@ -379,9 +380,3 @@ class _Handler(BaseHTTPRequestHandler):
 def _pieces(body: bytes) -> Iterator[bytes]:
     for i in range(0, len(body), SEND_PIECE):
         yield body[i : i + SEND_PIECE]
-
-
-@contextlib.contextmanager
-def running_hub() -> Iterator[HubStandIn]:
-    with HubStandIn() as hub:
-        yield hub
