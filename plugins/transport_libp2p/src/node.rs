@@ -276,6 +276,17 @@ pub async fn start(
     shared: Arc<Shared>,
     commands: mpsc::Receiver<Command>,
 ) -> Result<(), String> {
+    if cfg.port != 0 {
+        // libp2p listens with SO_REUSEPORT, so a second node on the same fixed port would
+        // share it (the kernel splitting connections between the two). A plain bind first
+        // turns that mistake into an error.
+        let ip: IpAddr = cfg
+            .listen_host
+            .parse()
+            .map_err(|_| format!("listen host {:?} is not an IP address", cfg.listen_host))?;
+        std::net::TcpListener::bind((ip, cfg.port))
+            .map_err(|e| format!("cannot listen on {}:{}: {e}", cfg.listen_host, cfg.port))?;
+    }
     let mut swarm = build_swarm(&cfg)?;
     swarm
         .listen_on(listen_addr(&cfg.listen_host, cfg.port)?)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
+import socket
 import stat
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from exo_core.testing.transport_conformance import inboxes
 from exo_core.transport.base import (
     PeerConnected,
     RequestFailed,
+    TransportError,
     TransportEvent,
     TransportLagged,
     TransportMessage,
@@ -241,3 +243,34 @@ def test_plugin_hook_builds_the_transport(tmp_path: Path) -> None:
     assert (tmp_path / KEY_FILE).exists()
     config.transport = "memory"
     assert plugin.exo_transport(config=config) is None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.anyio
+async def test_fixed_port_restart_and_redial(tmp_path: Path) -> None:
+    """A node restarts on its fixed port; a peer that bootstraps to it dials it again. A second
+    node on a port already taken is refused (libp2p alone would share it via SO_REUSEPORT)."""
+    port = free_port()
+    a = Libp2pTransport(tmp_path / "a", "test", listen_host="127.0.0.1", port=port, mdns=False)
+    await a.start()
+    b = make_node(tmp_path / "b", [f"/ip4/127.0.0.1/tcp/{port}"])  # no /p2p: any node there
+    await b.start()
+    twin = Libp2pTransport(tmp_path / "c", "test", listen_host="127.0.0.1", port=port, mdns=False)
+    try:
+        with pytest.raises(TransportError, match="in use"):
+            await twin.start()
+        await wait_until(lambda: b.peers() == {a.node_id})
+        await a.stop()
+        await wait_until(lambda: b.peers() == frozenset())
+        a = Libp2pTransport(tmp_path / "a", "test", listen_host="127.0.0.1", port=port, mdns=False)
+        await a.start()
+        await wait_until(lambda: b.peers() == {a.node_id} and a.peers() == {b.node_id})
+    finally:
+        await twin.stop()
+        await b.stop()
+        await a.stop()
