@@ -21,7 +21,7 @@ from exo_core.testing.harness import running_node
 
 from .support import DIALECTS
 
-pytestmark = [pytest.mark.smollm, pytest.mark.slow]
+pytestmark = pytest.mark.smollm
 
 QUESTION = "What is the capital of France?"
 MAX_TOKENS = 8

@@ -12,7 +12,6 @@ from typing import Any
 
 import msgspec
 
-from exo_api_claude.errors import error_body
 from exo_api_claude.types import (
     Base64Source,
     Block,
@@ -237,6 +236,25 @@ def approximate_tokens(params: GenerationParams) -> int:
 
 
 # -- response --------------------------------------------------------------------------------
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def error_body(status: int, message: str) -> dict[str, Any]:
+    kind = _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def new_id(prefix: str) -> str:

@@ -11,7 +11,6 @@ from typing import Any
 import msgspec
 
 from exo_api_openai import common
-from exo_api_openai.errors import error_body
 from exo_api_openai.types import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -234,7 +233,7 @@ class ChatStream:
 
     def fail(self, message: str) -> list[str]:
         """An error after the stream began: an error frame (the OpenAI client raises on it)."""
-        return [self._frame(error_body(500, message)), "data: [DONE]\n\n"]
+        return [self._frame(common.error_body(500, message)), "data: [DONE]\n\n"]
 
 
 def completion(model: str, chunks: list[Chunk]) -> dict[str, Any] | str:

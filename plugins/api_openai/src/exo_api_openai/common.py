@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from exo_api_openai.types import ToolChoice, ToolIn
 from exo_core.generation import (
@@ -20,6 +22,15 @@ from exo_core.model_cards import Capability, ModelCard
 from exo_core.service import InvalidRequest
 
 DEFAULTS = GenerationParams()
+T = TypeVar("T")
+
+
+def convert(value: Any, type_: type[T], where: str) -> T:
+    """`msgspec.convert` for part of a body decoded loosely, with errors that name the part."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as e:
+        raise InvalidRequest(f"invalid {where}: {e}") from e
 
 
 def new_id(prefix: str) -> str:
@@ -153,3 +164,22 @@ def failure(reason: FinishReason) -> str | None:
     if reason == FinishReason.ERROR:
         return "the generation failed"
     return None
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(
+    status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -10,25 +10,8 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.types import ExceptionHandlersMap
 from loguru import logger
 
+from exo_api_openai.common import error_body
 from exo_core.service import GenerationError, ModelNotFound
-
-_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-def error_body(
-    status: int, message: str, *, code: str | None = None, param: str | None = None
-) -> dict[str, Any]:
-    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, *, code: str | None = None) -> Response[Any]:

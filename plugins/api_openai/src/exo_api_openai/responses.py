@@ -13,7 +13,6 @@ from typing import Any
 import msgspec
 
 from exo_api_openai import common
-from exo_api_openai.http import convert
 from exo_api_openai.types import (
     ContentIn,
     FunctionCallItem,
@@ -92,7 +91,7 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
         where = f"input[{i}]"
         kind = item.get("type", "message")
         if kind == "message":
-            m = convert(item, MessageItem, where)
+            m = common.convert(item, MessageItem, where)
             content = _content(m.content, where)
             if m.role == "user":
                 messages.append(ChatMessage(role="user", content=content))
@@ -103,7 +102,7 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
             else:
                 messages.append(ChatMessage(role="system", content=_plain(content, where)))
         elif kind == "function_call":
-            c = convert(item, FunctionCallItem, where)
+            c = common.convert(item, FunctionCallItem, where)
             call = ToolCall(id=c.call_id, name=c.name, arguments=c.arguments)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant" and not reasoning:
@@ -114,13 +113,13 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
                 )
                 reasoning = ""
         elif kind == "function_call_output":
-            o = convert(item, FunctionCallOutputItem, where)
+            o = common.convert(item, FunctionCallOutputItem, where)
             output = (
                 o.output if isinstance(o.output, str) else _plain(_content(o.output, where), where)
             )
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=o.call_id))
         elif kind == "reasoning":
-            r = convert(item, ReasoningItem, where)
+            r = common.convert(item, ReasoningItem, where)
             reasoning += "".join(t.text for t in (r.content or r.summary))
         else:
             raise InvalidRequest(f"{where}: input items of type '{kind}' are not supported")
