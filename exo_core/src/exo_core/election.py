@@ -115,7 +115,7 @@ class Election:
             return  # too few nodes in reach to commit anything: no master on this side
         best = max([me, *others], key=rank_key)
         if best.node_id == me.node_id:
-            term = max([me.term, self.term, *(c.term for c in others)]) + 1
+            term = max([self.term, *(max(c.term, c.voted_term) for c in [me, *others])]) + 1
             if await self._become_master(term):
                 self.master, self.term, self._lost_master_at = me.node_id, term, None
 

@@ -76,10 +76,10 @@ class Master:
     # -- replication --------------------------------------------------------------------------
 
     def replicated(self, node_id: NodeId, index: int, term: int) -> None:
-        """A follower holds our log up to `index`."""
-        if term != self.term:
-            return
+        """A follower holds a log whose event `index` has `term`."""
         self.heard_from(node_id)
+        if index < 0 or self._replica.term_at(index) != term:
+            return  # its log is not ours up to there (yet)
         self._match[node_id] = max(self._match.get(node_id, -1), index)
         self._advance()
 

@@ -56,6 +56,7 @@ from exo_core.transport.base import (
     TransportMessage,
 )
 from exo_core.transport.memory import MemoryNetwork
+from exo_core.votes import VoteBook
 from exo_core.wire import (
     ELECTION_TOPIC,
     EVENTS_TOPIC,
@@ -67,6 +68,8 @@ from exo_core.wire import (
     EventBatch,
     NotMaster,
     Replicated,
+    Vote,
+    VoteRequest,
     decode_broadcast,
     decode_request,
     decode_response,
@@ -109,6 +112,7 @@ class Node:
         self.transport = transport or self._make_transport(data)
         self.node_id = NodeId(self.transport.node_id)
         self.replica = Replica(EventLog(data / "events.log"))
+        self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
         self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
         self.downloader: Downloader | None = plugins.hook.exo_downloader(config=config)
@@ -266,6 +270,8 @@ class Node:
     def _ingest_broadcast(self, sender: str, batch: EventBatch) -> None:
         if self.master is not None or sender != self.election.master:
             return  # only the master we follow writes our log
+        if self.election.term < self.votes.term:
+            return  # we voted for a newer term: this master is deposed
         outcome = self.replica.ingest(batch.events, batch.prev_term)
         if outcome == Ingested.UP_TO_DATE:
             self._acknowledge()
@@ -277,9 +283,10 @@ class Node:
         master = self.election.master
         if master is None or master == self.node_id or self._tg is None:
             return
-        ack = Replicated(
-            node_id=self.node_id, index=self.replica.state.last_index, term=self.election.term
-        )
+        if self.election.term < self.votes.term:
+            return  # never help a deposed master count a majority
+        index = self.replica.state.last_index
+        ack = Replicated(node_id=self.node_id, index=index, term=self.replica.term_at(index))
 
         async def send() -> None:
             try:
@@ -306,6 +313,8 @@ class Node:
                 if self.master is not None:
                     self.master.replicated(node_id, index, term)
                 return encode(Ack())
+            case VoteRequest():
+                return encode(self._vote(request))
             case ChunkBatch(chunks=chunks):
                 for chunk in chunks:
                     self.router.deliver(chunk)
@@ -357,6 +366,7 @@ class Node:
             commands_seen=self.replica.next_index,
             is_master=self.master is not None,
             members=len({*self.state.nodes, self.node_id}),
+            voted_term=self.votes.term,
         )
 
     async def _broadcast_campaign(self, campaign: Campaign) -> None:
@@ -372,8 +382,49 @@ class Node:
             # Followers notice on their next catch-up and fetch by request.
             logger.debug(f"event broadcast failed: {e}")
 
+    def _vote(self, request: VoteRequest) -> Vote:
+        if self.master is not None and self.master.term >= request.term:
+            return Vote(granted=False, reason=f"I am master of term {self.master.term}")
+        vote = self.votes.decide(request, self.replica.last_term, self.replica.state.last_index)
+        if vote.granted and self.master is not None:
+            logger.info(f"stepping down: voted for {request.candidate} in term {request.term}")
+            self.master = None
+        return vote
+
+    async def _gather_votes(self, term: int) -> bool:
+        """Ask every peer for its vote in `term`; True with a majority of the members."""
+        me = VoteRequest(
+            term=term,
+            candidate=self.node_id,
+            last_term=self.replica.last_term,
+            last_index=self.replica.state.last_index,
+        )
+        if not self._vote(me).granted:
+            return False
+        granted = 1
+        members = max([c.members for c in self.election.alive()] + [self._campaign().members])
+
+        async def ask(peer: str) -> None:
+            nonlocal granted
+            try:
+                raw = await self.transport.request(peer, encode(me), timeout=1.0)
+            except TransportError:
+                return
+            answer = decode_response(raw)
+            if isinstance(answer, Vote) and answer.granted:
+                granted += 1
+
+        async with anyio.create_task_group() as tg:
+            for peer in self.transport.peers():
+                tg.start_soon(ask, peer)
+        if granted <= members // 2:
+            logger.info(f"term {term}: {granted} of {members} votes, not a majority")
+            return False
+        return True
+
     async def _become_master(self, term: int) -> bool:
-        """Take over: first catch up from the most complete log in reach, then start a term."""
+        """Take over: catch up from the most complete log in reach, win a majority of votes,
+        then start the term."""
         me = self._campaign()
         best = max(self.election.alive(), key=lambda c: (c.term, c.commands_seen), default=None)
         if (
@@ -388,6 +439,8 @@ class Node:
             logger.info(f"catching up from {best.node_id} before taking over")
             if not await self.sync_from(best.node_id, timeout=10):
                 return False
+        if not await self._gather_votes(term):
+            return False
         ctx = MasterContext(card=self.card, place=self._place)
         master = Master(self.node_id, term, self.replica, ctx, self._publish_events)
         master.known_nodes(self.state.nodes)

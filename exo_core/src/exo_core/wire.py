@@ -39,11 +39,28 @@ class Diverged(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class Replicated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """A follower tells the master it holds the master's log up to `index` (durably)."""
+    """A follower tells the master it holds, durably, a log whose event `index` has `term`.
+
+    Logs that agree on one (index, term) agree on everything before it, so the master counts
+    the follower as holding its own log up to `index` only when its own event there matches."""
 
     node_id: NodeId
     index: int
     term: int
+
+
+class VoteRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A candidate asks for a vote in `term`, showing how complete its log is."""
+
+    term: int
+    candidate: NodeId
+    last_term: int
+    last_index: int
+
+
+class Vote(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    granted: bool
+    reason: str = ""
 
 
 class ChunkBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -76,10 +93,12 @@ class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     commands_seen: int
     is_master: bool
     members: int = 1
+    # The highest term it has voted in: a new term must be above every vote cast.
+    voted_term: int = 0
 
 
-Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated
-Response = CommandResult | EventBatch | Ack | NotMaster | Diverged
+Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated | VoteRequest
+Response = CommandResult | EventBatch | Ack | NotMaster | Diverged | Vote
 Broadcast = EventBatch | Campaign
 
 encode = msgspec.msgpack.Encoder().encode

@@ -192,7 +192,8 @@ def _wait_ready(running: RunningNode, api: bool, timeout: float = 20.0) -> None:
             node.election.master,
             node.election.term,
         )
-        if elected and (not api or _answers(running.url)):
+        known = node.node_id in node.state.nodes  # its own telemetry is in state
+        if elected and known and (not api or _answers(running.url)):
             return
         time.sleep(0.05)
     raise TimeoutError("the node did not become ready")
