@@ -25,6 +25,12 @@ def wait(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
         time.sleep(0.05)
 
 
+def has_engine(node: RunningNode) -> bool:
+    """The node's telemetry (which names its engines) is in state: placement can use it."""
+    info = node.node.state.nodes.get(NodeId(node.node_id))
+    return info is not None and "hub-test" in info.resources.engines
+
+
 def runner_statuses(node: RunningNode) -> list[RunnerStatus]:
     return [r.status for r in node.node.state.runners.values()]
 
@@ -32,7 +38,7 @@ def runner_statuses(node: RunningNode) -> list[RunnerStatus]:
 def test_placing_an_instance_downloads_the_model(hub: HubStandIn, tmp_path: Path) -> None:
     with running_node(tmp_path / "node", [download_plugin, HubEnginePlugin()]) as node:
         assert httpx.post(f"{node.url}/models/add", json={"model_id": TINY}).status_code == 201
-        wait(lambda: "hub-test" in node.node.state.nodes[NodeId(node.node_id)].resources.engines)
+        wait(lambda: has_engine(node))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
         wait(lambda: RunnerStatus.READY in runner_statuses(node))
@@ -51,7 +57,7 @@ def test_offline_node_fails_the_runner_not_the_node(hub: HubStandIn, tmp_path: P
     plugins = [download_plugin, HubEnginePlugin()]
     with running_node(tmp_path / "node", plugins, offline=True) as node:
         node.call(node.node.send_command, AddModelCard(card=card()))
-        wait(lambda: "hub-test" in node.node.state.nodes[NodeId(node.node_id)].resources.engines)
+        wait(lambda: has_engine(node))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
         wait(lambda: RunnerStatus.FAILED in runner_statuses(node))
