@@ -29,7 +29,7 @@ from exo_core.events import (
     TaskCreated,
     TaskStatusChanged,
 )
-from exo_core.ids import InstanceId, ModelId, RunnerId, new_id
+from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, new_id
 from exo_core.model_cards import ModelCard
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.state import Instance, ShardAssignment, State, TaskStatus
@@ -152,3 +152,30 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
             return Decision([DownloadDeleted(node_id=command.node_id, model_id=command.model_id)])
         case ReportEvents():
             return Decision(list(command.events))
+
+
+def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> list[Event]:
+    """A node went silent: delete the instances that used it, remove it, and re-place each
+    deleted instance on the nodes left when the model still fits there."""
+    from exo_core.events import IndexedEvent, NodeTimedOut
+    from exo_core.reducer import apply
+
+    gone = [i for i in state.instances.values() if i.shard_on(node_id) is not None]
+    events: list[Event] = [
+        InstanceDeleted(instance_id=i.instance_id, reason=f"node {node_id} timed out") for i in gone
+    ]
+    events.append(NodeTimedOut(node_id=node_id))
+    after = state
+    for event in events:
+        after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=event))
+    for instance in gone:
+        try:
+            decision = decide(
+                after, PlaceInstance(model_id=instance.model_id, sharding=instance.sharding), ctx
+            )
+        except CommandRefused:
+            continue  # it no longer fits: callers get errors until someone places it again
+        for event in decision.events:
+            after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=event))
+        events.extend(decision.events)
+    return events

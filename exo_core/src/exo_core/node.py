@@ -19,7 +19,7 @@ from loguru import logger
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
-from exo_core.decide import MasterContext
+from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
 from exo_core.election import Election, ElectionTiming
 from exo_core.engine import Engine
@@ -28,7 +28,6 @@ from exo_core.events import (
     IndexedEvent,
     InstanceDeleted,
     NodeTelemetry,
-    NodeTimedOut,
     TaskStatusChanged,
     TopologyReported,
 )
@@ -463,12 +462,8 @@ class Node:
             await anyio.sleep(1.0)
             for node_id in master.silent_nodes(NODE_TIMEOUT_S, exclude=self.node_id):
                 logger.warning(f"node {node_id} unseen for {NODE_TIMEOUT_S:.0f}s: timing it out")
-                events = [
-                    InstanceDeleted(instance_id=i.instance_id, reason=f"node {node_id} timed out")
-                    for i in self.state.instances.values()
-                    if i.shard_on(node_id) is not None
-                ]
-                await master.commit([*events, NodeTimedOut(node_id=node_id)])
+                ctx = MasterContext(card=self.card, place=self._place)
+                await master.commit(decide_node_timeout(self.state, node_id, ctx))
 
     # -- telemetry ----------------------------------------------------------------------------
 
