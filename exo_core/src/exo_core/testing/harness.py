@@ -58,6 +58,7 @@ def running_node(
     entry_points: bool = False,
     transport: Transport | None = None,
     election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.2),
+    wait_ready: bool = True,
     **config: Any,
 ) -> Iterator[RunningNode]:
     """A node with its API, in a thread. Plugins are registered objects; entry-point plugins
@@ -75,7 +76,8 @@ def running_node(
         future = portal.start_task_soon(lambda: node.run(extra=jobs))
         url = f"http://127.0.0.1:{port}"
         running = RunningNode(node=node, url=url, portal=portal, future=future)
-        _wait_ready(running, cfg.api)
+        if wait_ready:
+            _wait_ready(running, cfg.api)
         try:
             yield running
         finally:
