@@ -13,14 +13,14 @@ import pytest
 from exo_core.testing.harness import running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
-from .support import DIALECTS, Cluster
+from .support import DIALECTS, Cluster, ready
 
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     engine = ScriptedEnginePlugin()
     with running_node(tmp_path_factory.mktemp("dialects"), [engine, *DIALECTS]) as node:
-        yield Cluster(node, engine)
+        yield ready(Cluster(node, engine))
 
 
 @pytest.fixture(scope="package")
@@ -30,7 +30,7 @@ def slow_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with running_node(tmp_path_factory.mktemp("slow"), [engine, *DIALECTS]) as node:
         # The core has no public knob for the keep-alive interval yet.
         node.node.generation._keepalive_s = 0.1
-        yield Cluster(node, engine)
+        yield ready(Cluster(node, engine))
 
 
 @pytest.fixture

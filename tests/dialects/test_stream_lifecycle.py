@@ -46,7 +46,7 @@ def test_disconnect_mid_stream_cancels(slow_cluster: Cluster, dialect: str) -> N
         httpx.Client(base_url=slow_cluster.url, timeout=10) as client,
         client.stream("POST", path, json=body) as r,
     ):
-        assert r.status_code == 200
+        assert r.status_code == 200, r.read()
         for line in r.iter_lines():  # a few tokens of real output, then hang up
             if '" w2"' in line:
                 break
