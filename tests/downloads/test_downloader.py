@@ -97,6 +97,17 @@ async def test_cancelled_download_resumes_with_a_range(hub: HubStandIn, tmp_path
     assert weight_fetches(hub) == [WEIGHTS - kept]
 
 
+async def test_a_dropped_connection_resumes_in_process(hub: HubStandIn, tmp_path: Path) -> None:
+    hub.drop = (TINY, "model.safetensors", 600_000)
+    path = await downloader(tmp_path).ensure(card(), Reports())
+    assert (path / "model.safetensors").read_bytes() == tiny_files()["model.safetensors"]
+    cdn = [s for s in hub.content_requests() if s.path == f"/cdn/{WEIGHTS_SHA}"]
+    assert [(s.status, s.range_start, s.body_bytes) for s in cdn] == [
+        (200, None, 600_000),
+        (206, 600_000, WEIGHTS - 600_000),
+    ]
+
+
 async def test_lfs_hash_mismatch_is_caught(hub: HubStandIn, tmp_path: Path) -> None:
     hub.corrupt.add((TINY, "model.safetensors"))
     d = downloader(tmp_path)

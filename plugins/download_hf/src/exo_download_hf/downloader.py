@@ -172,8 +172,10 @@ class HfDownloader(Downloader):
             report(self._progress(card, DownloadStatus.ONGOING, tally, speed=speed))
 
     def completed(self, card: ModelCard, path: Path) -> DownloadProgress:
-        """A report that the model is complete at `path`."""
-        return self._progress(card, DownloadStatus.COMPLETED, Tally(), path=str(path))
+        """A report that the model found at `path` is complete."""
+        tally = Tally()
+        tally.total = tally.base = _dir_size(path)
+        return self._progress(card, DownloadStatus.COMPLETED, tally, path=str(path))
 
     def _progress(
         self,
@@ -185,8 +187,6 @@ class HfDownloader(Downloader):
         error: str | None = None,
         path: str | None = None,
     ) -> DownloadProgress:
-        if status == DownloadStatus.COMPLETED and path is not None and tally.total == 0:
-            tally.total = tally.base = _dir_size(Path(path))
         return progress(self.node_id, card.model_id, status, tally, speed, error, path)
 
     # -- in the thread ----------------------------------------------------------------------------
@@ -284,18 +284,23 @@ class HfDownloader(Downloader):
             if have == f.size:
                 break
             try:
-                self._append(store, repo_id, commit, f, part, have, tally)
-                failures = 0
+                if self._append(store, repo_id, commit, f, part, have, tally) > 0:
+                    failures = 0
+                    continue
+                problem = f"{repo_id}/{f.path}: the hub ended the transfer without sending data"
             except RangeNotSatisfiable:
                 part.unlink(missing_ok=True)  # the partial does not match the remote file
+                continue
             except HubUnreachable as e:
-                failures += 1
-                if failures > MAX_NETWORK_RETRIES:
-                    raise DownloadFailed(f"{repo_id}: {e}") from e
-                logger.warning(f"{e}; retrying ({failures}/{MAX_NETWORK_RETRIES})")
-                time.sleep(min(8.0, 0.5 * 2**failures))
+                problem = str(e)
             except HubError as e:
                 raise DownloadFailed(f"{repo_id}: {e}") from e
+            # A transfer that failed or stalled: resume, a few times, a little later each time.
+            failures += 1
+            if failures > MAX_NETWORK_RETRIES:
+                raise DownloadFailed(f"{problem} (after {MAX_NETWORK_RETRIES} retries)")
+            logger.warning(f"{problem}; retrying ({failures}/{MAX_NETWORK_RETRIES})")
+            time.sleep(min(8.0, 0.5 * 2**failures))
         try:
             verify_file(part, f.expected, f"{repo_id}/{f.path}")
         except HashMismatch as e:
@@ -314,7 +319,8 @@ class HfDownloader(Downloader):
         part: Path,
         have: int,
         tally: Tally,
-    ) -> None:
+    ) -> int:
+        """Write what the hub sends from byte `have` on; the bytes received."""
         # buffering=0: every chunk reaches the file as it arrives, so a killed process leaves
         # on disk all it received.
         with (
@@ -337,6 +343,7 @@ class HfDownloader(Downloader):
                         f"{repo_id}/{f.path}: the disk holding {store.root} is full"
                     ) from e
                 raise
+        return written - body.offset
 
     # -- deleting -------------------------------------------------------------------------------
 

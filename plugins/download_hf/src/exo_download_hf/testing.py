@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -119,6 +120,9 @@ class HubStandIn:
         self.throttle_bytes_per_s: float | None = None
         # False: answer ranged requests with the whole file (200), as some proxies do.
         self.honour_ranges = True
+        # (repo, path, n): cut the next transfer of that file after n bytes, once (a dropped
+        # connection).
+        self.drop: tuple[str, str, int] | None = None
         # The token a private repo requires (as `Authorization: Bearer <token>`).
         self.token = "hf_stand_in_token"
         self._served: list[Served] = []
@@ -175,6 +179,13 @@ class HubStandIn:
     def clear(self) -> None:
         with self._lock:
             self._served.clear()
+
+    def take_drop(self, repo_id: str, path: str) -> int | None:
+        with self._lock:
+            if self.drop is None or self.drop[:2] != (repo_id, path):
+                return None
+            cut, self.drop = self.drop[2], None
+            return cut
 
     def record(self, served: Served) -> None:
         with self._lock:
@@ -333,7 +344,8 @@ class _Handler(BaseHTTPRequestHandler):
             headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
             data = data[start : end + 1]
             status = 206
-        self._send(status, data, headers, head)
+        cut = None if head else self.hub.take_drop(repo_id, path)
+        self._send(status, data, headers, head, cut=cut)
 
     def _json(self, value: Any) -> None:
         body = json.dumps(value).encode()
@@ -348,7 +360,15 @@ class _Handler(BaseHTTPRequestHandler):
         }
         self._send(status, body, headers, head=False)
 
-    def _send(self, status: int, body: bytes, headers: dict[str, str], head: bool) -> None:
+    def _send(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str],
+        head: bool,
+        cut: int | None = None,
+    ) -> None:
+        """Send a response; with `cut`, only that many bytes of the body, then hang up."""
         sent = 0
         try:
             self.send_response(status)
@@ -357,11 +377,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             if not head:
-                for piece in _pieces(body):
+                for piece in _pieces(body if cut is None else body[:cut]):
                     self.wfile.write(piece)
                     sent += len(piece)
                     if self.hub.throttle_bytes_per_s:
                         time.sleep(len(piece) / self.hub.throttle_bytes_per_s)
+            if cut is not None:
+                self.wfile.flush()
+                self.close_connection = True
+                self.connection.shutdown(socket.SHUT_RDWR)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
         finally:
