@@ -54,6 +54,11 @@ def hub_ref(card: ModelCard) -> HubRef | None:
     return HubRef(repo, revision or "main")
 
 
+def ref_for(model_id: str, card: ModelCard | None) -> HubRef | None:
+    """The repo of a model: its card's, or for a model without a card, its id."""
+    return hub_ref(card) if card is not None else HubRef(model_id)
+
+
 # -- built-in cards ---------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ from exo_core.hookspecs import hookimpl
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
 from exo_core.state import State
-from exo_download_hf.cards import HubRef, builtin_cards, hub_ref
+from exo_download_hf.cards import HubRef, builtin_cards, ref_for
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient
@@ -78,7 +78,9 @@ def exo_event_applied(event: IndexedEvent, state: State) -> None:
             if node is None or not isinstance(downloader, HfDownloader):
                 return
             card = node.card(model_id)
-            ref = (hub_ref(card) if card is not None else None) or HubRef(model_id)
+            ref = ref_for(model_id, card)
+            if ref is None:
+                return
             # The hook must not block: the deletion runs as a task of the node's loop.
             task = asyncio.get_running_loop().create_task(
                 _delete_requested(node, downloader, card, ref)

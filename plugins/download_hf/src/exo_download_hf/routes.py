@@ -16,7 +16,7 @@ from exo_core.api.errors import native_error
 from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard
 from exo_core.ids import ModelId, NodeId
 from exo_core.node import Node
-from exo_download_hf.cards import CardError, HubRef, card_from_config, hub_ref
+from exo_download_hf.cards import CardError, card_from_config, ref_for
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient, HubError
 
@@ -144,8 +144,9 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
     downloader = node.downloader
     if not isinstance(downloader, HfDownloader):
         return native_error(501, "this node's downloader is not the hub downloader")
-    card = node.card(model_id)
-    ref = (hub_ref(card) if card is not None else None) or HubRef(model_id)
+    ref = ref_for(model_id, node.card(model_id))
+    if ref is None:
+        return native_error(404, f"{model_id} does not come from the hub: nothing to delete")
     found = downloader.find_ref(ref)
     if found is not None and downloader.dirs.is_read_only(found):
         return native_error(
