@@ -40,14 +40,6 @@ def decode_body(body: bytes, type_: type[T]) -> T:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from e
 
 
-def convert(value: Any, type_: type[T], where: str) -> T:
-    """`msgspec.convert` for part of a body decoded loosely, with errors that name the part."""
-    try:
-        return msgspec.convert(value, type_)
-    except msgspec.ValidationError as e:
-        raise InvalidRequest(f"invalid {where}: {e}") from e
-
-
 class _ClosingASGIResponse(ASGIResponse):
     def __init__(self, inner: ASGIResponse, generator: AsyncGenerator[bytes, None]) -> None:
         super().__init__()
