@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from exo_core.node import Node
 
 _nodes: weakref.WeakValueDictionary[NodeId, Node] = weakref.WeakValueDictionary()
+# The last event each node acted on: in a process running several nodes, every node applies
+# the same event, but its target acts once.
+_acted: weakref.WeakKeyDictionary[Node, int] = weakref.WeakKeyDictionary()
 # Tasks started from the event hook, kept alive until they finish.
 _tasks: set[asyncio.Task[None]] = set()
 
@@ -77,6 +80,9 @@ def exo_event_applied(event: IndexedEvent, state: State) -> None:
             downloader = node.downloader if node is not None else None
             if node is None or not isinstance(downloader, HfDownloader):
                 return
+            if _acted.get(node, -1) >= event.index:
+                return
+            _acted[node] = event.index
             card = node.card(model_id)
             ref = ref_for(model_id, card)
             if ref is None:
