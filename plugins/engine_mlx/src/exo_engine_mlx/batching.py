@@ -9,6 +9,7 @@ detokenizer and statistics; a sequence joining mid-batch does not change the oth
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +83,14 @@ class BatchEngine:
 
     def task_ids(self) -> list[TaskId]:
         return list(self._by_task)
+
+    def fingerprint(self) -> int:
+        """A digest of the batch (tasks, tokens generated, prefix reuse): ranks of a group that
+        run in step have equal fingerprints after every step."""
+        state = sorted(
+            (s.task_id, s.generated, s.cached, len(s.prompt)) for s in self._by_uid.values()
+        )
+        return zlib.crc32(repr(state).encode())
 
     def submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
         """Queue a request. Returns chunks at once only when it is refused."""

@@ -26,6 +26,16 @@ def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
         min_prefix_tokens=int(env.get("EXO_MIN_PREFIX_TOKENS", defaults.min_prefix_tokens)),
         default_max_tokens=int(env.get("EXO_DEFAULT_MAX_TOKENS", defaults.default_max_tokens)),
         warmup=env.get("EXO_RUNNER_WARMUP", "1") != "0",
+        group_connect_timeout_s=float(
+            env.get("EXO_GROUP_CONNECT_TIMEOUT_S", defaults.group_connect_timeout_s)
+        ),
+        group_load_timeout_s=float(
+            env.get("EXO_GROUP_LOAD_TIMEOUT_S", defaults.group_load_timeout_s)
+        ),
+        group_step_timeout_s=float(
+            env.get("EXO_GROUP_STEP_TIMEOUT_S", defaults.group_step_timeout_s)
+        ),
+        group_heartbeat_s=float(env.get("EXO_GROUP_HEARTBEAT_S", defaults.group_heartbeat_s)),
     )
 
 

@@ -1,9 +1,15 @@
-"""Loading a model in the runner: mlx-lm, float32 on the CPU, dense weights when they pay."""
+"""Loading a model in the runner: mlx-lm, float32 on the CPU, dense weights when they pay.
+
+The weights are loaded lazily. A pipeline rank keeps only its layers (plus the embedding or the
+head where it needs them) before anything is read; a tensor rank shards every layer and keeps
+only its slices. Evaluation then reads just what the rank kept.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -13,22 +19,60 @@ from loguru import logger
 from exo_engine_mlx.blas import dequantize_model, loaded_blas, should_dequantize
 
 
+@dataclass(frozen=True)
+class ShardPlan:
+    """Which part of the model this runner holds within its group."""
+
+    sharding: Literal["pipeline", "tensor"]
+    group: Any  # mx.distributed.Group
+    start_layer: int = 0
+    end_layer: int = 0
+
+
 def _upcast(model: nn.Module) -> None:
     # The CPU backend runs fp16/bf16 far slower than fp32 (and quantized fp16 ~46x slower).
     half = (mx.float16, mx.bfloat16)
     model.apply(lambda x: x.astype(mx.float32) if x.dtype in half else x)
 
 
-def load_model(model_dir: str) -> tuple[Any, Any]:
-    """(model, tokenizer) from a local MLX model directory, ready to run on this device."""
+def _for_device(model: nn.Module, model_dir: str) -> None:
+    if mx.default_device() != mx.cpu:
+        return
+    _upcast(model)
+    if should_dequantize(Path(model_dir), psutil.virtual_memory().available):
+        replaced = dequantize_model(model)
+        logger.info(f"dense fp32 weights: dequantized {replaced} layers")
+    logger.info(f"BLAS in this runner: {loaded_blas() or 'bundled reference BLAS'}")
+
+
+def _eval_by_layer(model: nn.Module) -> None:
+    # One layer at a time: a tensor rank then holds at most one layer's full weights while
+    # slicing, never the whole model.
+    for layer in getattr(model, "layers", []):
+        mx.eval(layer.parameters())
+    mx.eval(model.parameters())
+
+
+def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any]:
+    """(model, tokenizer) from a local MLX model directory, ready to run on this device.
+
+    With a `shard`, the model is this rank's part of it: a `PipelineStage` or a model whose
+    layers are sharded over the group."""
     from mlx_lm import load
 
-    model, tokenizer = load(model_dir)[:2]
-    if mx.default_device() == mx.cpu:
-        _upcast(model)
-        if should_dequantize(Path(model_dir), psutil.virtual_memory().available):
-            replaced = dequantize_model(model)
-            logger.info(f"dense fp32 weights: dequantized {replaced} layers")
-        logger.info(f"BLAS in this runner: {loaded_blas() or 'bundled reference BLAS'}")
-    mx.eval(model.parameters())
+    model, tokenizer = load(model_dir, lazy=True)[:2]
+    if shard is not None and shard.sharding == "pipeline":
+        from exo_engine_mlx.distributed.pipeline import PipelineStage
+
+        # Built before any conversion: the layers left out are dropped while still lazy.
+        model = PipelineStage(model, shard.start_layer, shard.end_layer, shard.group)
+        _for_device(model, model_dir)
+    elif shard is not None:
+        from exo_engine_mlx.distributed.tensor import shard_tensor
+
+        _for_device(model, model_dir)
+        shard_tensor(model, shard.group)
+    else:
+        _for_device(model, model_dir)
+    _eval_by_layer(model)
     return model, tokenizer

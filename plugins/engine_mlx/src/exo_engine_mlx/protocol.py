@@ -42,6 +42,13 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     min_prefix_tokens: int = 8
     default_max_tokens: int = 2048
     warmup: bool = True
+    # Runner groups (instances over several nodes): how long forming the ring, loading on
+    # every rank, and one step may take before the runner gives up with an error, and how
+    # often an idle rank 0 shows the others it is alive.
+    group_connect_timeout_s: float = 60.0
+    group_load_timeout_s: float = 600.0
+    group_step_timeout_s: float = 60.0
+    group_heartbeat_s: float = 2.0
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,11 +5,14 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import anyio
 from anyio.streams.memory import MemoryObjectSendStream
@@ -19,6 +22,7 @@ from exo_core.engine import Runner, RunnerDied, RunnerSpec, StatusReporter
 from exo_core.generation import Chunk, ErrorChunk, FinishChunk
 from exo_core.ids import TaskId
 from exo_core.state import RunnerStatus, Task
+from exo_engine_mlx.distributed.group import group_env, ring_addresses
 from exo_engine_mlx.protocol import (
     Cancel,
     ChunkOut,
@@ -60,10 +64,19 @@ class MlxRunner(Runner):
         self._process: BaseProcess | None = None
         self._streams: dict[TaskId, MemoryObjectSendStream[Chunk]] = {}
         self._stopping = False
+        self._status: RunnerStatus | None = None
+        self._scratch: str | None = None
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process else None
+
+    def _child_env(self) -> dict[str, str]:
+        """The runner's environment; a rank of a group also gets its ring hostfile."""
+        if self.spec.shard.world_size <= 1:
+            return self.env
+        self._scratch = tempfile.mkdtemp(prefix=f"exo-{self.spec.runner_id}-")
+        return {**self.env, **group_env(self.spec, Path(self._scratch))}
 
     async def serve(self, report: StatusReporter) -> None:
         ctx = multiprocessing.get_context("spawn")
@@ -75,7 +88,7 @@ class MlxRunner(Runner):
             name=f"exo-runner-{self.spec.runner_id}",
             daemon=True,
         )
-        with _environment(self.env):
+        with _environment(self._child_env()):
             process.start()
         child.close()
         self._conn, self._process = parent, process
@@ -97,16 +110,27 @@ class MlxRunner(Runner):
                 if self._stopping:
                     return
                 await anyio.to_thread.run_sync(self._process.join, 2.0)
-                raise RunnerDied(
-                    f"runner process exited unexpectedly (exit code {self._process.exitcode})"
-                ) from None
+                raise RunnerDied(self._exit_reason(self._process.exitcode)) from None
             match decode_from_runner(raw):
                 case StatusUpdate(status=status, error=error):
+                    self._status = status
                     report(status, error)
                     if status == RunnerStatus.FAILED:
+                        self._fail_streams(f"the runner failed: {error}")
                         raise RunnerDied(error or "the runner failed")
                 case ChunkOut(chunk=chunk):
                     self._route(chunk)
+
+    def _exit_reason(self, code: int | None) -> str:
+        if self._status == RunnerStatus.CONNECTING:
+            # The runner's own timer ended it while it waited for its peers.
+            peers = ", ".join(ring_addresses(self.spec.instance))
+            return (
+                f"the runner group did not form within {self.options.group_connect_timeout_s:g} s: "
+                f"rank {self.spec.shard.rank} could not connect to its peers ({peers}); "
+                "a peer is unreachable, not started, or its port is taken"
+            )
+        return f"runner process exited unexpectedly (exit code {code})"
 
     def _route(self, chunk: Chunk) -> None:
         stream = self._streams.get(chunk.task_id)
@@ -153,6 +177,9 @@ class MlxRunner(Runner):
             with suppress(OSError, ValueError):
                 self._conn.send_bytes(encode(Shutdown()))
         await self._end_process()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     async def _end_process(self) -> None:
         """Wait for a clean exit, then terminate, then kill: the runner never outlives us."""

@@ -1,18 +1,27 @@
-"""The runner subprocess: loads one model, then batches generations until told to stop.
+"""The runner subprocess: loads one model (or its shard), then batches generations until told
+to stop.
 
 It reads requests on a thread (so a busy generation loop never leaves the pipe full) and
 answers on the main thread. When the parent goes away, the pipe closes and the runner exits.
+
+A runner of a multi-rank instance first joins its group (CONNECTING), loads only its part of
+the model (LOADING), warms up in step with the other ranks (WARMING_UP), then serves through
+`distributed.coordinator.GroupLoop`, where rank 0 decides each step's batch.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
 
-from exo_core.generation import ChatMessage, ErrorChunk, GenerationParams, SamplingParams
+from exo_core.engine import RunnerSpec
+from exo_core.generation import ChatMessage, Chunk, ErrorChunk, GenerationParams, SamplingParams
 from exo_core.ids import TaskId
 from exo_core.state import RunnerStatus
 from exo_engine_mlx.protocol import (
@@ -31,19 +40,42 @@ from exo_engine_mlx.protocol import (
 )
 
 
-def _reader(conn: Connection, inbox: queue.Queue[ToRunner]) -> None:
+class Outbox:
+    """Frames to the parent; the watchdog thread sends too, so sends are serialized."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: FromRunner) -> None:
+        with self._lock:
+            self._conn.send_bytes(encode(message))
+
+    def status(self, status: RunnerStatus, error: str | None = None) -> None:
+        self.send(StatusUpdate(status=status, error=error))
+
+    def chunk(self, chunk: Chunk) -> None:
+        self.send(ChunkOut(chunk=chunk))
+
+
+def _reader(conn: Connection, inbox: queue.Queue[ToRunner], in_group: bool, rank: int) -> None:
     try:
         while True:
-            inbox.put(decode_to_runner(conn.recv_bytes()))
+            message = decode_to_runner(conn.recv_bytes())
+            inbox.put(message)
+            # A follower may sit in a collective for a while: leave at once when told to.
+            if isinstance(message, Shutdown) and in_group and rank != 0:
+                os._exit(0)
     except (EOFError, OSError):
-        inbox.put(Shutdown())  # the parent is gone
+        if in_group:
+            os._exit(0)  # the parent is gone; a collective may block the main thread
+        inbox.put(Shutdown())
 
 
-def _warm_up(engine: object, options: RunnerOptions) -> None:
-    """One short greedy generation, so the first real request pays no first-call costs."""
-    from exo_engine_mlx.batching import BatchEngine
+def _warm_up(engine: Any) -> None:
+    """One short greedy generation, so the first real request pays no first-call costs.
 
-    assert isinstance(engine, BatchEngine)
+    Deterministic, so the ranks of a group run it in step without a plan."""
     params = GenerationParams(
         messages=(ChatMessage(role="user", content="Hi"),),
         max_tokens=2,
@@ -54,66 +86,129 @@ def _warm_up(engine: object, options: RunnerOptions) -> None:
         engine.step()
 
 
-def serve(conn: Connection, launch: Launch) -> int:
-    def send(message: FromRunner) -> None:
-        conn.send_bytes(encode(message))
+def _prefix_budget(spec: RunnerSpec, options: RunnerOptions) -> int:
+    """This rank's prefix cache budget. Ranks of a group must evict alike: their entries'
+    sizes are proportional to their share of the KV cache, so the budgets are too."""
+    shard = spec.shard
+    if shard.world_size <= 1:
+        return options.prefix_cache_bytes
+    if spec.instance.sharding == "tensor":
+        return options.prefix_cache_bytes // shard.world_size
+    n_layers = max(spec.card.n_layers, 1)
+    return options.prefix_cache_bytes // n_layers * (shard.end_layer - shard.start_layer)
 
+
+def _load(launch: Launch, out: Outbox, guard: Callable[[str, float], Any]) -> tuple[Any, Any]:
+    """Join the group when there is one, then load this runner's part of the model."""
+    from exo_engine_mlx.loading import ShardPlan, load_model
+
+    spec, options = launch.spec, launch.options
+    if spec.shard.world_size <= 1:
+        out.status(RunnerStatus.LOADING)
+        return load_model(spec.model_path), None
+    from exo_engine_mlx.distributed.group import barrier, form_group
+
+    out.status(RunnerStatus.CONNECTING)
+    group = form_group(spec, options.group_connect_timeout_s)
+    with guard("joining the runner group", options.group_connect_timeout_s):
+        barrier(group)
+    out.status(RunnerStatus.LOADING)
+    plan = ShardPlan(
+        sharding=spec.instance.sharding,
+        group=group,
+        start_layer=spec.shard.start_layer,
+        end_layer=spec.shard.end_layer,
+    )
+    loaded = load_model(spec.model_path, plan)
+    with guard("waiting for the other ranks to load the model", options.group_load_timeout_s):
+        barrier(group)
+    return loaded, group
+
+
+def serve(conn: Connection, launch: Launch) -> int:
     from exo_engine_mlx.batching import BatchEngine
-    from exo_engine_mlx.loading import load_model
+    from exo_engine_mlx.distributed.watchdog import Watchdog
     from exo_engine_mlx.prefix_cache import PrefixCache
 
-    options = launch.options
-    send(StatusUpdate(status=RunnerStatus.LOADING))
+    out = Outbox(conn)
+    spec, options = launch.spec, launch.options
+    in_group = spec.shard.world_size > 1
+    watchdog = Watchdog(lambda message: out.status(RunnerStatus.FAILED, f"runner group: {message}"))
+    inbox: queue.Queue[ToRunner] = queue.Queue()
+    threading.Thread(
+        target=_reader, args=(conn, inbox, in_group, spec.shard.rank), daemon=True
+    ).start()
     try:
-        model, tokenizer = load_model(launch.spec.model_path)
+        (model, tokenizer), group = _load(launch, out, watchdog.guard)
     except Exception as e:
-        send(StatusUpdate(status=RunnerStatus.FAILED, error=f"loading failed: {e}"))
+        out.status(RunnerStatus.FAILED, f"loading failed: {e}")
         return 1
+    budget = _prefix_budget(spec, options)
     engine = BatchEngine(
         model,
         tokenizer,
         max_concurrent=options.max_concurrent,
-        prefix_cache=PrefixCache(options.prefix_cache_bytes, options.min_prefix_tokens),
+        prefix_cache=PrefixCache(budget, options.min_prefix_tokens),
         default_max_tokens=options.default_max_tokens,
     )
-    if options.warmup:
-        send(StatusUpdate(status=RunnerStatus.WARMING_UP))
-        _warm_up(engine, options)
-        if engine.prefix_cache is not None:
-            engine.prefix_cache = PrefixCache(options.prefix_cache_bytes, options.min_prefix_tokens)
-    send(StatusUpdate(status=RunnerStatus.READY))
-
-    inbox: queue.Queue[ToRunner] = queue.Queue()
-    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
-    tasks: set[TaskId] = set()
+    loop = None
     try:
-        while True:
-            # Idle: block for the next request. Busy: take what has arrived, then step.
-            messages = [inbox.get()] if not engine.active else []
-            while True:
-                try:
-                    messages.append(inbox.get_nowait())
-                except queue.Empty:
-                    break
-            for message in messages:
-                match message:
-                    case Submit(task_id=task_id, params=params):
-                        tasks.add(task_id)
-                        for chunk in engine.submit(task_id, params):
-                            send(ChunkOut(chunk=chunk))
-                    case Cancel(task_id=task_id):
-                        for chunk in engine.cancel(task_id):
-                            send(ChunkOut(chunk=chunk))
-                    case Shutdown():
-                        return 0
-            for chunk in engine.step():
-                send(ChunkOut(chunk=chunk))
+        if options.warmup:
+            out.status(RunnerStatus.WARMING_UP)
+            with watchdog.guard("warming up the runner group", options.group_step_timeout_s):
+                _warm_up(engine)
+            if engine.prefix_cache is not None:
+                engine.prefix_cache = PrefixCache(budget, options.min_prefix_tokens)
+        out.status(RunnerStatus.READY)
+        if group is None:
+            return _serve_alone(engine, inbox, out)
+        from exo_engine_mlx.distributed.coordinator import GroupLoop
+
+        loop = GroupLoop(
+            engine=engine,
+            group=group,
+            inbox=inbox,
+            send_chunk=out.chunk,
+            watchdog=watchdog,
+            step_timeout_s=options.group_step_timeout_s,
+            heartbeat_s=options.group_heartbeat_s,
+        )
+        return loop.run()
     except Exception as e:
-        detail = "".join(traceback.format_exception(e)[-3:])
-        for task_id in engine.task_ids():
-            send(ChunkOut(chunk=ErrorChunk(task_id=task_id, message=f"runner error: {e}")))
-        send(StatusUpdate(status=RunnerStatus.FAILED, error=f"runner error: {e}\n{detail}"))
+        waiting = loop.waiting_tasks() if loop is not None else engine.task_ids()
+        for task_id in waiting:
+            out.chunk(ErrorChunk(task_id=task_id, message=f"runner error: {e}"))
+        # A lost peer or a stopped group is explained by its message; a bug needs the trace.
+        detail = (
+            ""
+            if isinstance(e, RuntimeError)
+            else "\n" + "".join(traceback.format_exception(e)[-3:])
+        )
+        out.status(RunnerStatus.FAILED, f"runner error: {e}{detail}")
         return 1
+
+
+def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: Outbox) -> int:
+    while True:
+        # Idle: block for the next request. Busy: take what has arrived, then step.
+        messages = [inbox.get()] if not engine.active else []
+        while True:
+            try:
+                messages.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        for message in messages:
+            match message:
+                case Submit(task_id=task_id, params=params):
+                    for chunk in engine.submit(task_id, params):
+                        out.chunk(chunk)
+                case Cancel(task_id=task_id):
+                    for chunk in engine.cancel(task_id):
+                        out.chunk(chunk)
+                case Shutdown():
+                    return 0
+        for chunk in engine.step():
+            out.chunk(chunk)
 
 
 def main(conn: Connection, launch_bytes: bytes) -> None:

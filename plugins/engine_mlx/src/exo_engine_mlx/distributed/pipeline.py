@@ -1,0 +1,139 @@
+"""Pipeline parallel: each rank holds a contiguous run of layers and passes hidden states on.
+
+Rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
+from the rank before it; the last rank applies the final norm and the head. The last rank's
+logits (of the last position only) are then summed over the group with zeros from the other
+ranks, so every rank's batch generator samples from the same logits and stays in step.
+
+Only the weights a rank runs are kept: the others are dropped while still lazy, so they are
+never read from disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+# Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
+# lm_head or tied embeddings: the shape this stage re-implements.
+PIPELINE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+class PipelineUnsupported(ValueError):
+    """The model's family has no pipeline split here."""
+
+
+def _float_dtype(module: nn.Module) -> mx.Dtype:
+    """The dtype of the module's first floating-point parameter (not packed quantized ints).
+
+    The hidden state between layers has this dtype; reading it from a rank's own layers keeps
+    every rank agreeing once each has converted its weights the same way (e.g. to float32)."""
+    for _, value in tree_flatten(module.parameters()):
+        if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
+            return value.dtype
+    raise ValueError("the layer has no floating-point parameter to take the hidden dtype from")
+
+
+class PipelineStage(nn.Module):
+    """One rank's part of a llama-like model, callable like the whole model."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        start: int,
+        end: int,
+        group: mx.distributed.Group,
+    ) -> None:
+        super().__init__()
+        model_type = str(getattr(model, "model_type", ""))
+        if model_type not in PIPELINE_MODEL_TYPES:
+            raise PipelineUnsupported(
+                f"pipeline parallel does not support model type '{model_type}' "
+                f"(supported: {', '.join(sorted(PIPELINE_MODEL_TYPES))})"
+            )
+        inner = model.model  # type: ignore[attr-defined]
+        n_layers = len(inner.layers)
+        if not 0 <= start < end <= n_layers:
+            raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
+        self._rank = group.rank()
+        self._size = group.size()
+        self._group = group
+        self.first = self._rank == 0
+        self.last = self._rank == self._size - 1
+        tied = not hasattr(model, "lm_head")
+        args = model.args  # type: ignore[attr-defined]
+        self._hidden_size = int(args.hidden_size)
+        self._vocab_size = int(args.vocab_size)
+        self.sliding_window = getattr(inner, "sliding_window", None)
+        self.layers = list(inner.layers[start:end])
+        # The embedding is kept where tokens come in, and where it doubles as the head.
+        if self.first or (self.last and tied):
+            self.embed_tokens = inner.embed_tokens
+        if self.last:
+            self.norm = inner.norm
+            if not tied:
+                self.lm_head = model.lm_head  # type: ignore[attr-defined]
+        self._tied = tied
+
+    @property
+    def group(self) -> mx.distributed.Group:
+        return self._group
+
+    def make_cache(self) -> list[Any]:
+        return [
+            RotatingKVCache(max_size=self.sliding_window)
+            if getattr(layer, "use_sliding", False) and self.sliding_window
+            else KVCache()
+            for layer in self.layers
+        ]
+
+    def _masks(self, h: mx.array, cache: list[Any]) -> tuple[Any, Any]:
+        full = next(
+            (c for c, layer in zip(cache, self.layers, strict=True)
+             if not getattr(layer, "use_sliding", False)),
+            None,
+        )  # fmt: skip
+        sliding = next(
+            (c for c, layer in zip(cache, self.layers, strict=True)
+             if getattr(layer, "use_sliding", False)),
+            None,
+        )  # fmt: skip
+        full_mask = create_attention_mask(h, full)
+        sliding_mask = (
+            create_attention_mask(h, sliding, window_size=self.sliding_window)
+            if any(getattr(layer, "use_sliding", False) for layer in self.layers)
+            else None
+        )
+        return full_mask, sliding_mask
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        batch, length = inputs.shape[0], inputs.shape[1]
+        dtype = _float_dtype(self.layers[0])
+        if self.first:
+            h = self.embed_tokens(inputs).astype(dtype)
+        else:
+            template = mx.zeros((batch, length, self._hidden_size), dtype=dtype)
+            h = mx.distributed.recv_like(template, self._rank - 1, group=self._group)
+        layer_cache: list[Any] = cache if cache is not None else [None] * len(self.layers)
+        full_mask, sliding_mask = self._masks(h, layer_cache)
+        for layer, c in zip(self.layers, layer_cache, strict=True):
+            mask = sliding_mask if getattr(layer, "use_sliding", False) else full_mask
+            h = layer(h, mask, cache=c)
+        if self.last:
+            out = self.norm(h[:, -1:, :])
+            logits = self.embed_tokens.as_linear(out) if self._tied else self.lm_head(out)
+            # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
+            logits = logits.astype(mx.float32)
+        else:
+            sent = mx.distributed.send(h, self._rank + 1, group=self._group)
+            # A prefill step evaluates only the caches: make them carry the send.
+            if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
+                cache[-1].keys = mx.depends(cache[-1].keys, sent)
+            logits = mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
+        # Every rank gets the last rank's logits (the others add zeros), inside the graph.
+        return mx.distributed.all_sum(logits, group=self._group)
