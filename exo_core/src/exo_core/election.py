@@ -19,6 +19,7 @@ import anyio
 from loguru import logger
 
 from exo_core.ids import NodeId
+from exo_core.terms import next_term
 from exo_core.wire import Campaign
 
 
@@ -29,6 +30,8 @@ class ElectionTiming:
     timeout: float = 2.0
     # How long a node listens before it may claim mastership.
     settle: float = 1.0
+    # How long a node that was given peers to join waits for them before it runs alone.
+    alone_grace: float = 5.0
 
 
 def rank_key(c: Campaign) -> tuple[bool, int, int, int, int, str]:
@@ -44,7 +47,9 @@ class Election:
         follow: Callable[[NodeId, int], Awaitable[None]],
         step_down: Callable[[], Awaitable[None]],
         timing: ElectionTiming = ElectionTiming(),
+        expect_peers: bool = False,
     ) -> None:
+        self._expect_peers = expect_peers
         self._me = me
         self._broadcast = broadcast
         self._become_master = become_master
@@ -108,6 +113,9 @@ class Election:
             self._lost_master_at = now
         if self._started is None or now - self._started < self.timing.settle:
             return
+        alone = not others and self.master is None and self._expect_peers
+        if alone and now - self._started < self.timing.alone_grace:
+            return  # our bootstrap peers may just be slow to answer
         if self._lost_master_at is not None and now - self._lost_master_at < self.timing.settle / 2:
             return
         members = max([me.members, *(c.members for c in others)])
@@ -115,7 +123,8 @@ class Election:
             return  # too few nodes in reach to commit anything: no master on this side
         best = max([me, *others], key=rank_key)
         if best.node_id == me.node_id:
-            term = max([self.term, *(max(c.term, c.voted_term) for c in [me, *others])]) + 1
+            highest = max([self.term, *(max(c.term, c.voted_term) for c in [me, *others])])
+            term = next_term(highest, me.node_id)
             if await self._become_master(term):
                 self.master, self.term, self._lost_master_at = me.node_id, term, None
 

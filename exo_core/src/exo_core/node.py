@@ -130,6 +130,7 @@ class Node:
             follow=self._follow,
             step_down=self._step_down,
             timing=election_timing,
+            expect_peers=bool(config.bootstrap_peers),
         )
         self._priority = sum(p or 0 for p in plugins.hook.exo_election_priority(config=config))
         self._catch_up_wanted = anyio.Event()
