@@ -264,6 +264,8 @@ struct Driver {
     next_inbound: u64,
     /// Per slow peer: messages dropped since the last notice, and when that notice went out.
     slow_peers: HashMap<PeerId, (usize, Option<Instant>)>,
+    /// Peers mDNS reported and has not expired, with their addresses.
+    mdns_peers: HashMap<PeerId, Vec<Multiaddr>>,
     /// Broadcasts gossipsub refused because every peer's send queue was full: not yet
     /// reported, and when the last report went out.
     publish_drops: (usize, Option<Instant>),
@@ -301,6 +303,7 @@ pub async fn start(
         inbound: HashMap::new(),
         next_inbound: 0,
         slow_peers: HashMap::new(),
+        mdns_peers: HashMap::new(),
         publish_drops: (0, None),
         listening: Some(listening_tx),
     };
@@ -339,6 +342,10 @@ impl Driver {
                 },
                 _ = redial.tick() => {
                     self.dial_bootstrap();
+                    let found: Vec<PeerId> = self.mdns_peers.keys().copied().collect();
+                    for peer in found {
+                        self.dial_mdns_peer(peer);
+                    }
                     self.report_publish_drops(false);
                 }
             }
@@ -423,8 +430,12 @@ impl Driver {
                 Some(peer) if peer != local => DialOpts::peer_id(peer)
                     .addresses(vec![b.addr.clone()])
                     .condition(PeerCondition::DisconnectedAndNotDialing)
+                    .allocate_new_port()
                     .build(),
-                _ => DialOpts::unknown_peer_id().address(b.addr.clone()).build(),
+                _ => DialOpts::unknown_peer_id()
+                    .address(b.addr.clone())
+                    .allocate_new_port()
+                    .build(),
             };
             let id = opts.connection_id();
             match self.swarm.dial(opts) {
@@ -436,6 +447,21 @@ impl Driver {
                     .notice("DEBUG", format!("dial {} failed: {e}", b.addr)),
             }
         }
+    }
+
+    /// Dial a peer mDNS found, unless connected or being dialed already. mDNS reports a peer
+    /// once per record, so the redial tick calls this too: a failed or dropped connection
+    /// is retried while the record lives.
+    fn dial_mdns_peer(&mut self, peer: PeerId) {
+        let Some(addrs) = self.mdns_peers.get(&peer) else {
+            return;
+        };
+        let opts = DialOpts::peer_id(peer)
+            .addresses(addrs.clone())
+            .condition(PeerCondition::DisconnectedAndNotDialing)
+            .allocate_new_port()
+            .build();
+        let _ = self.swarm.dial(opts);
     }
 
     fn on_command(&mut self, command: Command) {
@@ -640,19 +666,28 @@ impl Driver {
             BehaviourEvent::Gossipsub(event) => self.on_gossip_event(event),
             BehaviourEvent::Request(event) => self.on_request_event(event),
             BehaviourEvent::Mdns(mdns::Event::Discovered(found)) => {
-                let mut by_peer: HashMap<PeerId, Vec<Multiaddr>> = HashMap::new();
+                let mut fresh = Vec::new();
                 for (peer, addr) in found {
-                    by_peer.entry(peer).or_default().push(addr);
+                    let addrs = self.mdns_peers.entry(peer).or_default();
+                    if !addrs.contains(&addr) {
+                        addrs.push(addr);
+                    }
+                    fresh.push(peer);
                 }
-                for (peer, addrs) in by_peer {
-                    let opts = DialOpts::peer_id(peer)
-                        .addresses(addrs)
-                        .condition(PeerCondition::DisconnectedAndNotDialing)
-                        .build();
-                    let _ = self.swarm.dial(opts);
+                for peer in fresh {
+                    self.dial_mdns_peer(peer);
                 }
             }
-            BehaviourEvent::Mdns(mdns::Event::Expired(_)) => {}
+            BehaviourEvent::Mdns(mdns::Event::Expired(gone)) => {
+                for (peer, addr) in gone {
+                    if let Some(addrs) = self.mdns_peers.get_mut(&peer) {
+                        addrs.retain(|a| *a != addr);
+                        if addrs.is_empty() {
+                            self.mdns_peers.remove(&peer);
+                        }
+                    }
+                }
+            }
             BehaviourEvent::Ping(ping::Event {
                 peer,
                 connection,
