@@ -274,3 +274,36 @@ async def test_fixed_port_restart_and_redial(tmp_path: Path) -> None:
         await twin.stop()
         await b.stop()
         await a.stop()
+
+
+@pytest.mark.anyio
+async def test_mutual_bootstrap_announces_each_peer_once(tmp_path: Path) -> None:
+    """Two nodes dialing each other may hold two connections; events still come once."""
+    port_a, port_b = free_port(), free_port()
+
+    def node(name: str, port: int, other: int) -> Libp2pTransport:
+        return Libp2pTransport(
+            tmp_path / name,
+            "test",
+            listen_host="127.0.0.1",
+            port=port,
+            bootstrap_peers=[f"/ip4/127.0.0.1/tcp/{other}"],
+            mdns=False,
+            check_identity=False,
+        )
+
+    a, b = node("a", port_a, port_b), node("b", port_b, port_a)
+    await a.start()
+    await b.start()
+    try:
+        async with inboxes([a, b]) as (box_a, box_b):
+            await wait_until(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
+            await asyncio.sleep(2.5)  # both redial ticks have run
+            assert box_a.connected == [b.node_id] and box_b.connected == [a.node_id]
+            await b.stop()
+            await box_a.wait_for(lambda: box_a.disconnected == [b.node_id])
+            await asyncio.sleep(0.3)
+            assert box_a.disconnected == [b.node_id]
+    finally:
+        await b.stop()
+        await a.stop()
