@@ -134,6 +134,8 @@ class FinishChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     task_id: TaskId
     finish_reason: FinishReason
     usage: Usage = Usage()
+    # The stop string that ended the generation, when one did.
+    stop_sequence: str | None = None
 
 
 class ErrorChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):

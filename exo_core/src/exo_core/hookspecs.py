@@ -73,11 +73,12 @@ def exo_transport(config: NodeConfig) -> Transport | None:
 
 
 @hookspec(firstresult=True)
-def exo_downloader(config: NodeConfig) -> Downloader | None:
+def exo_downloader(config: NodeConfig, node_id: str) -> Downloader | None:
     """Provide the model downloader. First result wins.
 
-    Called once at startup. Return an `exo_core.downloads.Downloader`. Without one, a node
-    can run only models that an engine prepares itself (`Engine.prepare_model`).
+    Called once at startup, with this node's id (progress reports name it). Return an
+    `exo_core.downloads.Downloader`. Without one, a node can run only models that an engine
+    prepares itself (`Engine.prepare_model`).
     """
 
 
@@ -113,11 +114,12 @@ def exo_output_parsers() -> dict[str, ParserFactory] | None:
 
 
 @hookspec
-def exo_event_applied(event: IndexedEvent, state: State) -> None:
+def exo_event_applied(event: IndexedEvent, state: State, ctx: NodeContext) -> None:
     """Observe an event just applied to the local state (`state` is the state after it).
 
-    Called on the node's event loop for every applied event: it must return quickly and never
-    block. Exceptions are logged and ignored.
+    Called on the node's event loop for every applied event, with the node that applied it:
+    it must return quickly and never block (start work with `ctx.spawn`). Exceptions are
+    logged and ignored.
     """
 
 

@@ -114,7 +114,9 @@ class Node:
         self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
         self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
-        self.downloader: Downloader | None = plugins.hook.exo_downloader(config=config)
+        self.downloader: Downloader | None = plugins.hook.exo_downloader(
+            config=config, node_id=self.node_id
+        )
         self.builtin_cards = index_cards(
             card for cards in plugins.hook.exo_model_cards(config=config) for card in cards or []
         )
@@ -138,7 +140,7 @@ class Node:
         self.started_at = time.time()
         self.ready = anyio.Event()
         self.replica.listen(self._observe)
-        self.generation = GenerationService(self)
+        self.generation = GenerationService(self, keepalive_s=config.keepalive_s)
         self.worker: Worker | None = None
         if config.worker:
             self.worker = Worker(
@@ -147,6 +149,7 @@ class Node:
                 engines=self.engines,
                 downloader=self.downloader,
                 cards=self.card,
+                all_cards=self.cards,
                 send_command=self.send_command,
                 send_chunk=self.deliver_chunk,
                 models_dir=config.models_dir,
@@ -218,6 +221,12 @@ class Node:
             self.router.deliver(chunk)
             return
         await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
+
+    def spawn(self, job: Callable[[], Coroutine[Any, Any, Any]]) -> None:
+        """Run `job` in the background for as long as the node runs (for plugins' hooks)."""
+        if self._tg is None:
+            raise RuntimeError("the node is not running")
+        self._tg.start_soon(job)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -513,7 +522,7 @@ class Node:
             case _:
                 pass
         try:
-            self.plugins.hook.exo_event_applied(event=event, state=state)
+            self.plugins.hook.exo_event_applied(event=event, state=state, ctx=self)
         except Exception:
             logger.exception("an exo_event_applied hook failed")
 

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 from loguru import logger
 
 from exo_core.commands import CancelTask, PlaceInstance, SubmitTask
@@ -165,10 +166,8 @@ class GenerationService:
                     if isinstance(piece, FinishChunk):
                         done = True
                         if called_tools and piece.finish_reason == FinishReason.STOP:
-                            piece = FinishChunk(
-                                task_id=piece.task_id,
-                                finish_reason=FinishReason.TOOL_CALLS,
-                                usage=piece.usage,
+                            piece = msgspec.structs.replace(
+                                piece, finish_reason=FinishReason.TOOL_CALLS
                             )
                     if isinstance(piece, ErrorChunk):
                         done = True

@@ -56,6 +56,8 @@ class DownloadProgress(msgspec.Struct, frozen=True, kw_only=True):
     eta_s: float | None = None
     error: str | None = None
     path: str | None = None
+    # Found in a read-only models directory: it can be used but never deleted.
+    read_only: bool = False
 
     @property
     def fraction(self) -> float:

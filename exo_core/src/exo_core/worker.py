@@ -8,10 +8,11 @@ exponential backoff; after `MAX_FAILURES` in a row the instance is deleted.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 from loguru import logger
 
@@ -25,6 +26,7 @@ from exo_core.model_cards import ModelCard
 from exo_core.replica import Replica
 from exo_core.state import (
     DownloadProgress,
+    DownloadStatus,
     Instance,
     RunnerInfo,
     RunnerStatus,
@@ -68,6 +70,7 @@ class Worker:
         engines: list[Engine],
         downloader: Downloader | None,
         cards: CardLookup,
+        all_cards: Callable[[], Mapping[ModelId, ModelCard]],
         send_command: SendCommand,
         send_chunk: SendChunk,
         models_dir: Path,
@@ -78,6 +81,7 @@ class Worker:
         self._engines = engines
         self._downloader = downloader
         self._cards = cards
+        self._all_cards = all_cards
         self._send_command = send_command
         self._send_chunk = send_chunk
         self._models_dir = models_dir
@@ -97,6 +101,7 @@ class Worker:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._report_loop)
+                self._report_models_on_disk()
                 while True:
                     self.reconcile(self._replica.state)
                     await self._replica.wait_change()
@@ -166,6 +171,37 @@ class Worker:
                     logger.debug(f"report failed, retrying: {e!r}")
                     await anyio.sleep(0.5)
 
+    def _report_models_on_disk(self) -> None:
+        """Say which models this node already holds, so placement can prefer it."""
+        if self._downloader is None:
+            return
+        for card in self._all_cards().values():
+            try:
+                path = self._downloader.find_local(card)
+            except Exception as e:  # a broken directory must not stop the worker
+                logger.warning(f"could not look for {card.model_id} on disk: {e!r}")
+                continue
+            if path is not None:
+                self._report_complete(card, path)
+
+    def _report_complete(self, card: ModelCard, path: Path) -> None:
+        done = self._replica.state.downloads.get(self.node_id, {}).get(card.model_id)
+        if done is not None and done.status == DownloadStatus.COMPLETED and done.path == str(path):
+            return
+        size = card.storage_size_bytes
+        self.report(
+            DownloadProgressed(
+                progress=DownloadProgress(
+                    node_id=self.node_id,
+                    model_id=card.model_id,
+                    status=DownloadStatus.COMPLETED,
+                    downloaded_bytes=size,
+                    total_bytes=size,
+                    path=str(path),
+                )
+            )
+        )
+
     def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
         local.status = status
         if status == RunnerStatus.READY:
@@ -199,11 +235,15 @@ class Worker:
             raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
         found = self._downloader.find_local(card)
         if found is not None:
+            self._report_complete(card, found)
             return found
         self._set_status(local, RunnerStatus.DOWNLOADING)
 
         def progress(p: DownloadProgress) -> None:
-            self.report(DownloadProgressed(progress=p))
+            # Progress always names this node, whatever the downloader knows of it.
+            self.report(
+                DownloadProgressed(progress=msgspec.structs.replace(p, node_id=self.node_id))
+            )
 
         return await self._downloader.ensure(card, progress)
 

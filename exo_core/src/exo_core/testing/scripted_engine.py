@@ -111,6 +111,7 @@ class ScriptedRunner(Runner):
         emitted = ""
         count = 0
         reason = FinishReason.STOP
+        matched: str | None = None
         for piece in pieces:
             if task.task_id in self._cancelled:
                 reason = FinishReason.CANCELLED
@@ -121,6 +122,7 @@ class ScriptedRunner(Runner):
             emitted += piece
             stop_at = next((s for s in task.params.stop if s in emitted), None)
             if stop_at is not None:
+                matched = stop_at
                 keep = emitted[: emitted.index(stop_at)]
                 piece = (
                     keep[len(emitted) - len(piece) :]
@@ -152,7 +154,9 @@ class ScriptedRunner(Runner):
             prompt_tokens=sum(len(m.text().split()) for m in task.params.messages) or 1,
             completion_tokens=count,
         )
-        yield FinishChunk(task_id=task.task_id, finish_reason=reason, usage=usage)
+        yield FinishChunk(
+            task_id=task.task_id, finish_reason=reason, usage=usage, stop_sequence=matched
+        )
 
     async def cancel(self, task_id: TaskId) -> None:
         self._cancelled.add(task_id)

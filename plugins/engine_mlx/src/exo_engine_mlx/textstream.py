@@ -17,6 +17,8 @@ class TextStream:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        # The stop string that ended the text, once one has.
+        self.matched: str | None = None
 
     def add(self, token: int) -> str:
         """Add one token; returns the text that is now safe to emit."""
@@ -38,8 +40,9 @@ class TextStream:
             return ""
         text = self._held + segment
         self._held = ""
-        cut = min((i for s in self._stops if (i := text.find(s)) >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self._stops if (i := text.find(s)) >= 0]
+        if found:
+            cut, self.matched = min(found)
             self.stopped = True
             return text[:cut]
         keep = max((_partial(text, s) for s in self._stops), default=0)
