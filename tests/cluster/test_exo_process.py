@@ -30,7 +30,7 @@ def test_first_chat_works_and_ctrl_c_ends_every_runner(tmp_path: Path) -> None:
         assert children, "the runner is a subprocess"
         node.kill(signal.SIGINT)
         assert node.process.returncode == 0
-        gone, alive = psutil.wait_procs(children, timeout=10)
+        _gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"left running: {alive}"
         log = node.log()
         assert "starting exo (pid" in log and "stopped" in log
