@@ -105,6 +105,15 @@ class HubEngine(Engine):
         return runner
 
 
+class TinyCardPlugin:
+    """Makes the tiny model's card a built-in one, known from the start (so the worker looks
+    for it on disk when it starts)."""
+
+    @hookimpl
+    def exo_model_cards(self) -> list[ModelCard]:
+        return [card()]
+
+
 class HubEnginePlugin:
     """Its `prepare_model` is the default (None), so the worker calls the downloader."""
 

@@ -10,14 +10,15 @@ import httpx
 import pytest
 
 import exo_download_hf.plugin as download_plugin
+from exo_core.events import DownloadDeleted
 from exo_core.ids import ModelId, NodeId
-from exo_core.state import DownloadStatus
+from exo_core.state import DownloadProgress, DownloadStatus
 from exo_core.testing.harness import RunningCluster, RunningNode, running_cluster
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.testing import HubStandIn
 
-from .support import TINY, HubEnginePlugin, Reports, card
+from .support import TINY, HubEnginePlugin, Reports, TinyCardPlugin, card
 
 
 @pytest.fixture
@@ -54,25 +55,70 @@ def test_deleting_on_another_node_goes_through_the_log(cluster: RunningCluster) 
     cluster.wait(lambda: not path.exists())
 
 
-def test_another_nodes_read_only_copy_survives_a_delete_request(
-    hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+def shared(hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny model in a directory every node (of this process) reads but never writes."""
     shared = tmp_path / "nfs"
-    kept = anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
+    anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
     monkeypatch.setenv("EXO_MODELS_READ_ONLY_DIRS", str(shared))
+    return shared
+
+
+def _copy_on(node: RunningNode, holder: RunningNode) -> DownloadProgress | None:
+    """What `node` knows of `holder`'s copy of the tiny model."""
+    return node.node.state.downloads.get(NodeId(holder.node_id), {}).get(ModelId(TINY))
+
+
+def _is_read_only(p: DownloadProgress | None) -> bool:
+    return p is not None and p.status == DownloadStatus.COMPLETED and p.read_only
+
+
+def _assert_refused(answer: httpx.Response, shared: Path, holder: RunningNode) -> None:
+    assert answer.status_code == 409, answer.text
+    detail = answer.json()["detail"]
+    assert "read-only" in detail and str(shared) in detail and holder.node_id in detail
+
+
+async def _deletions(node: RunningNode) -> int:
+    return sum(isinstance(e.event, DownloadDeleted) for e in node.node.replica.log)
+
+
+def test_another_nodes_read_only_copy_survives_a_delete_request(
+    shared: Path, tmp_path: Path
+) -> None:
     plugins = lambda i: [download_plugin, HubEnginePlugin()]  # noqa: E731
     with running_cluster(tmp_path / "cluster", 2, plugins) as cluster:
         first, second = cluster.nodes
         assert httpx.post(f"{first.url}/models/add", json={"model_id": TINY}).status_code == 201
         cluster.wait(lambda: TINY in model_ids(second))
+        # Not reported yet (a custom card added after the worker started): the request goes
+        # through the log...
+        assert _copy_on(first, second) is None
         answer = httpx.delete(f"{first.url}/download/{second.node_id}/{TINY}")
         assert answer.status_code == 202, answer.text
+        # ...the DownloadDeleted event removed it from state, and the node says it still has
+        # it, read-only.
+        cluster.wait(lambda: _is_read_only(_copy_on(first, second)))
+        copy = _copy_on(first, second)
+        assert copy is not None and copy.path == str(shared / "org--tiny")
+        assert (shared / "org--tiny" / "model.safetensors").exists()
+        # Now that it is known to be read-only, the next request is refused at once.
+        deletions = cluster.call(_deletions, first)
+        _assert_refused(
+            httpx.delete(f"{first.url}/download/{second.node_id}/{TINY}"), shared, second
+        )
+        assert cluster.call(_deletions, first) == deletions
 
-        def reported_again() -> bool:
-            downloads = first.node.state.downloads.get(NodeId(second.node_id), {})
-            p = downloads.get(ModelId(TINY))
-            return p is not None and p.status == DownloadStatus.COMPLETED
 
-        # The DownloadDeleted event removed it from state; the node says it still has it.
-        cluster.wait(reported_again)
-        assert (kept / "model.safetensors").exists()
+def test_a_read_only_copy_found_at_start_is_refused_at_once(shared: Path, tmp_path: Path) -> None:
+    plugins = lambda i: [download_plugin, HubEnginePlugin(), TinyCardPlugin()]  # noqa: E731
+    with running_cluster(tmp_path / "cluster", 2, plugins) as cluster:
+        first, second = cluster.nodes
+        # The worker reports the model it finds on disk; the plugin marks it read-only.
+        cluster.wait(lambda: _is_read_only(_copy_on(first, second)))
+        _assert_refused(
+            httpx.delete(f"{first.url}/download/{second.node_id}/{TINY}"), shared, second
+        )
+        assert cluster.call(_deletions, first) == 0
+        assert _is_read_only(_copy_on(first, second))
+        assert (shared / "org--tiny" / "model.safetensors").exists()

@@ -122,6 +122,16 @@ def test_an_offline_node_does_not_call_the_hub(hub: HubStandIn, tmp_path: Path) 
     assert hub.served() == []
 
 
+def test_the_downloader_knows_its_node(node: RunningNode) -> None:
+    """Reports the plugin sends itself (not through the worker) must name the node."""
+    downloader = node.node.downloader
+    assert isinstance(downloader, HfDownloader)
+    assert downloader.node_id == node.node_id
+    reports = Reports()
+    node.call(downloader.ensure, card(), reports)
+    assert reports and all(r.node_id == node.node_id for r in reports)
+
+
 def test_delete_a_local_download(node: RunningNode) -> None:
     path = download_locally(node)
     url = f"{node.url}/download/{node.node_id}/{TINY}"
@@ -142,7 +152,8 @@ def test_delete_refused_in_a_read_only_dir(
     with running_node(tmp_path / "node", [download_plugin]) as node:
         refused = httpx.delete(f"{node.url}/download/{node.node_id}/{TINY}")
         assert refused.status_code == 409
-        assert "read-only" in refused.json()["detail"] and str(shared) in refused.json()["detail"]
+        detail = refused.json()["detail"]
+        assert "read-only" in detail and str(shared) in detail and node.node_id in detail
         assert (kept / "model.safetensors").exists()
         assert node.node.downloader is not None
         assert node.node.downloader.find_local(card()) == kept
@@ -185,5 +196,6 @@ def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
             return p is not None and p.status == DownloadStatus.COMPLETED
 
         _wait(reported)
-        assert node.node.state.downloads[me][ModelId(TINY)].path == str(kept)
+        progress = node.node.state.downloads[me][ModelId(TINY)]
+        assert progress.path == str(kept) and progress.read_only is True
         assert (kept / "model.safetensors").exists()

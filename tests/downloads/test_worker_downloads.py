@@ -45,7 +45,8 @@ def test_placing_an_instance_downloads_the_model(hub: HubStandIn, tmp_path: Path
 
         progress = node.node.state.downloads[NodeId(node.node_id)][ModelId(TINY)]
         assert progress.status == DownloadStatus.COMPLETED
-        assert progress.node_id == node.node_id  # learnt by the plugin
+        assert progress.node_id == node.node_id
+        assert progress.read_only is False
         model_dir = tmp_path / "node" / "models" / "org--tiny"
         assert progress.path == str(model_dir)
         assert (model_dir / "model.safetensors").is_file()

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 
 import anyio
 import anyio.to_thread
+import msgspec
 from loguru import logger
 
 from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
@@ -73,7 +74,8 @@ class HfDownloader(Downloader):
         self.dirs = dirs
         self.hub = hub or HubClient()
         self.offline = offline
-        # Set by the plugin once the node is known; progress reports carry it.
+        # This node's id, which progress reports carry (the worker stamps it on what it
+        # relays; reports sent by the plugin itself rely on it).
         self.node_id = node_id or NodeId("")
         self.free_space = free_space
         self._locks: dict[str, anyio.Lock] = {}
@@ -172,10 +174,12 @@ class HfDownloader(Downloader):
             report(self._progress(card, DownloadStatus.ONGOING, tally, speed=speed))
 
     def completed(self, card: ModelCard, path: Path) -> DownloadProgress:
-        """A report that the model found at `path` is complete."""
+        """A report that the model found at `path` is complete (and read-only, when `path` is
+        in a read-only directory)."""
         tally = Tally()
         tally.total = tally.base = _dir_size(path)
-        return self._progress(card, DownloadStatus.COMPLETED, tally, path=str(path))
+        report = self._progress(card, DownloadStatus.COMPLETED, tally, path=str(path))
+        return msgspec.structs.replace(report, read_only=self.dirs.is_read_only(path))
 
     def _progress(
         self,

@@ -5,6 +5,7 @@ delete downloads. Errors are native: `{"status_code": N, "detail": "..."}`.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio.to_thread
@@ -133,8 +134,11 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
         )
     command = DeleteDownload(node_id=NodeId(node_id), model_id=ModelId(model_id))
     if node_id != node.node_id:
+        copy = state.downloads.get(NodeId(node_id), {}).get(ModelId(model_id))
+        if copy is not None and copy.read_only:
+            return _read_only(model_id, copy.path, node_id)
         # That node deletes its files when it applies the event (see the plugin's
-        # exo_event_applied), and refuses for a read-only directory.
+        # exo_event_applied); a read-only copy it had not reported yet, it keeps and reports.
         result = await node.send_command(command)
         if not result.ok:
             return native_error(result.status, result.message)
@@ -149,11 +153,7 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
         return native_error(404, f"{model_id} does not come from the hub: nothing to delete")
     found = downloader.find_ref(ref)
     if found is not None and downloader.dirs.is_read_only(found):
-        return native_error(
-            409,
-            f"{model_id} is in the read-only directory {found.parent} "
-            "(EXO_MODELS_READ_ONLY_DIRS): exo never deletes from it",
-        )
+        return _read_only(model_id, str(found), node_id)
     deleted = await downloader.delete_ref(ref)
     reported = NodeId(node_id) in state.downloads and model_id in state.downloads[NodeId(node_id)]
     if not deleted and not reported:
@@ -162,6 +162,15 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
     if result.ok:
         await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
     return Response({"node_id": node_id, "model_id": model_id, "deleted": deleted})
+
+
+def _read_only(model_id: str, path: str | None, node_id: str) -> Response[Any]:
+    where = f"the read-only directory {Path(path).parent}" if path else "a read-only directory"
+    return native_error(
+        409,
+        f"{model_id} is in {where} on {node_id} (EXO_MODELS_READ_ONLY_DIRS): "
+        "exo never deletes from it",
+    )
 
 
 def router() -> Router:
