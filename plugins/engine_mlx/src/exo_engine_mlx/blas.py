@@ -244,7 +244,7 @@ def candidates(env: Mapping[str, str] | None = None) -> list[tuple[str, Path]]:
     found: list[tuple[str, Path]] = []
     if platform.machine() in ("x86_64", "AMD64") and (lib := _scipy_openblas()) is not None:
         with contextlib.suppress(OSError):  # unwritable cache: fall through to the others
-            found.append(("scipy-openblas32 + generated shim", shim_for(lib, env)))
+            found.append(("scipy-openblas32+shim", shim_for(lib, env)))
     if (mkl := _mkl()) is not None:
         found.append(("MKL (mkl wheel)", mkl))
     seen: set[str] = set()
