@@ -14,6 +14,8 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
+
 from exo_engine_mlx.blas import (
     build_prefix_shim,
     dense_fp32_bytes,
@@ -23,7 +25,6 @@ from exo_engine_mlx.blas import (
     should_dequantize,
 )
 from exo_engine_mlx.gguf import gguf_model_card_fields, import_gguf
-from mlx.utils import tree_flatten
 
 MakeGGUF = Callable[..., Path]
 

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+
 from exo_engine_mlx.gguf import (
     GGUFImportError,
     gguf_model_card_fields,

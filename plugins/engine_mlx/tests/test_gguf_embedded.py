@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from exo_engine_mlx.embedded import (
     EMBEDDED_DIR_NAME,
     EMBEDDED_MODEL_ID,

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+
 from exo_engine_mlx.embedded import embedded_gguf_path
 from exo_engine_mlx.gguf import gguf_model_card_fields, import_gguf
 

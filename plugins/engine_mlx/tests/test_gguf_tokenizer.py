@@ -7,10 +7,11 @@ from pathlib import Path
 
 import mlx_lm
 import pytest
+from tokenizers import Tokenizer
+
 from exo_engine_mlx.gguf import GGUFImportError, import_gguf
 from exo_engine_mlx.gguf.reader import read_header
 from exo_engine_mlx.gguf.tokenizer import build_tokenizer
-from tokenizers import Tokenizer
 
 TEXTS = [
     "hello world",
