@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import anyio
@@ -55,6 +56,13 @@ def card(repo: str = TINY, **kw: object) -> ModelCard:
         "source": f"hf:{repo}",
     }
     return ModelCard(**(fields | kw))  # type: ignore[arg-type]
+
+
+def wait(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 class Reports(list[DownloadProgress]):

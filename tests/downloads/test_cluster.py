@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
@@ -14,7 +13,6 @@ from exo_core.events import DownloadDeleted
 from exo_core.ids import ModelId, NodeId
 from exo_core.state import DownloadProgress, DownloadStatus
 from exo_core.testing.harness import RunningCluster, RunningNode, running_cluster
-from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.testing import HubStandIn
 
@@ -53,15 +51,6 @@ def test_deleting_on_another_node_goes_through_the_log(cluster: RunningCluster) 
     assert answer.status_code == 202, answer.text
     assert answer.json()["requested"] is True
     cluster.wait(lambda: not path.exists())
-
-
-@pytest.fixture
-def shared(hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The tiny model in a directory every node (of this process) reads but never writes."""
-    shared = tmp_path / "nfs"
-    anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
-    monkeypatch.setenv("EXO_MODELS_READ_ONLY_DIRS", str(shared))
-    return shared
 
 
 def _copy_on(node: RunningNode, holder: RunningNode) -> DownloadProgress | None:

@@ -53,6 +53,7 @@ async def test_download_from_scratch(hub: HubStandIn, tmp_path: Path) -> None:
     assert reports[0].status == DownloadStatus.PENDING
     assert reports[-1].status == DownloadStatus.COMPLETED
     assert reports[-1].path == str(path) and reports[-1].downloaded_bytes == total
+    assert not any(r.read_only for r in reports)
     ongoing = [r for r in reports if r.status == DownloadStatus.ONGOING]
     assert len(ongoing) >= 2
     # Throttled to about one a second: a 2.5 s download gives a handful, not hundreds.
@@ -72,7 +73,7 @@ async def test_present_model_needs_no_request(hub: HubStandIn, tmp_path: Path) -
     reports = Reports()
     assert await d.ensure(card(), reports) == tmp_path / "org--tiny"
     assert hub.served() == []
-    assert [r.status for r in reports] == [DownloadStatus.COMPLETED]
+    assert [(r.status, r.read_only) for r in reports] == [(DownloadStatus.COMPLETED, False)]
 
 
 async def test_cancelled_download_resumes_with_a_range(hub: HubStandIn, tmp_path: Path) -> None:
@@ -164,7 +165,10 @@ async def test_read_only_dir_is_used_never_deleted(hub: HubStandIn, tmp_path: Pa
     hub.clear()
     d = downloader(tmp_path / "own", read_only=(shared,))
     assert d.find_local(card()) == shared / "org--tiny"
-    assert await d.ensure(card(), Reports()) == shared / "org--tiny"
+    reports = Reports()
+    assert await d.ensure(card(), reports) == shared / "org--tiny"
+    # Reported as read-only, so that other nodes do not ask for its deletion.
+    assert [(r.status, r.read_only) for r in reports] == [(DownloadStatus.COMPLETED, True)]
     assert await d.delete(card()) is False
     assert (shared / "org--tiny" / "model.safetensors").exists()
     assert hub.served() == []

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
@@ -15,11 +13,10 @@ from exo_core.commands import AddModelCard, DeleteDownload
 from exo_core.ids import ModelId, NodeId
 from exo_core.state import DownloadStatus
 from exo_core.testing.harness import RunningNode, running_node
-from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.testing import HubStandIn
 
-from .support import TINY, WEIGHTS, HubEnginePlugin, Reports, card
+from .support import TINY, WEIGHTS, HubEnginePlugin, Reports, card, wait
 
 
 @pytest.fixture
@@ -143,12 +140,8 @@ def test_delete_a_local_download(node: RunningNode) -> None:
     assert again.status_code == 404 and "not downloaded" in again.json()["detail"]
 
 
-def test_delete_refused_in_a_read_only_dir(
-    hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    shared = tmp_path / "nfs"
-    kept = anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
-    monkeypatch.setenv("EXO_MODELS_READ_ONLY_DIRS", str(shared))
+def test_delete_refused_in_a_read_only_dir(shared: Path, tmp_path: Path) -> None:
+    kept = shared / "org--tiny"
     with running_node(tmp_path / "node", [download_plugin]) as node:
         refused = httpx.delete(f"{node.url}/download/{node.node_id}/{TINY}")
         assert refused.status_code == 409
@@ -164,27 +157,18 @@ def test_delete_on_an_unknown_node(node: RunningNode) -> None:
     assert answer.status_code == 404 and "node-nobody" in answer.json()["detail"]
 
 
-def _wait(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def test_a_delete_request_in_the_log_deletes_here(node: RunningNode) -> None:
     """What another node's DELETE /download/<this node>/... leads to on this node."""
     path = download_locally(node)
     request = DeleteDownload(node_id=NodeId(node.node_id), model_id=ModelId(TINY))
     node.call(node.node.send_command, request)
-    _wait(lambda: not path.exists())
+    wait(lambda: not path.exists())
 
 
 def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
-    hub: HubStandIn, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared: Path, tmp_path: Path
 ) -> None:
-    shared = tmp_path / "nfs"
-    kept = anyio.run(HfDownloader(ModelDirs(writable=(shared,))).ensure, card(), Reports())
-    monkeypatch.setenv("EXO_MODELS_READ_ONLY_DIRS", str(shared))
+    kept = shared / "org--tiny"
     with running_node(tmp_path / "node", [download_plugin]) as node:
         me = NodeId(node.node_id)
         node.call(node.node.send_command, AddModelCard(card=card()))
@@ -195,7 +179,7 @@ def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
             p = node.node.state.downloads.get(me, {}).get(ModelId(TINY))
             return p is not None and p.status == DownloadStatus.COMPLETED
 
-        _wait(reported)
+        wait(reported)
         progress = node.node.state.downloads[me][ModelId(TINY)]
         assert progress.path == str(kept) and progress.read_only is True
         assert (kept / "model.safetensors").exists()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,20 +13,7 @@ from exo_core.state import DownloadStatus, RunnerStatus
 from exo_core.testing.harness import RunningNode, running_node
 from exo_download_hf.testing import HubStandIn
 
-from .support import TINY, HubEnginePlugin, card
-
-
-def wait(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
-def has_engine(node: RunningNode) -> bool:
-    """The node's telemetry (which names its engines) is in state: placement can use it."""
-    info = node.node.state.nodes.get(NodeId(node.node_id))
-    return info is not None and "hub-test" in info.resources.engines
+from .support import TINY, HubEnginePlugin, card, wait
 
 
 def runner_statuses(node: RunningNode) -> list[RunnerStatus]:
@@ -38,7 +23,6 @@ def runner_statuses(node: RunningNode) -> list[RunnerStatus]:
 def test_placing_an_instance_downloads_the_model(hub: HubStandIn, tmp_path: Path) -> None:
     with running_node(tmp_path / "node", [download_plugin, HubEnginePlugin()]) as node:
         assert httpx.post(f"{node.url}/models/add", json={"model_id": TINY}).status_code == 201
-        wait(lambda: has_engine(node))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
         wait(lambda: RunnerStatus.READY in runner_statuses(node))
@@ -58,7 +42,6 @@ def test_offline_node_fails_the_runner_not_the_node(hub: HubStandIn, tmp_path: P
     plugins = [download_plugin, HubEnginePlugin()]
     with running_node(tmp_path / "node", plugins, offline=True) as node:
         node.call(node.node.send_command, AddModelCard(card=card()))
-        wait(lambda: has_engine(node))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
         wait(lambda: RunnerStatus.FAILED in runner_statuses(node))

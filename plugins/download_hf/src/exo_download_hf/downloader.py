@@ -18,7 +18,6 @@ from pathlib import Path, PurePosixPath
 
 import anyio
 import anyio.to_thread
-import msgspec
 from loguru import logger
 
 from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
@@ -35,7 +34,7 @@ from exo_download_hf.hub import (
     RemoteFile,
     RepoSnapshot,
 )
-from exo_download_hf.progress import Cancelled, SpeedMeter, Tally, progress
+from exo_download_hf.progress import Cancelled, SpeedMeter, Tally
 from exo_download_hf.store import FileRecord, Manifest, ModelStore
 from exo_download_hf.verify import HashMismatch, verify_file
 
@@ -178,8 +177,7 @@ class HfDownloader(Downloader):
         in a read-only directory)."""
         tally = Tally()
         tally.total = tally.base = _dir_size(path)
-        report = self._progress(card, DownloadStatus.COMPLETED, tally, path=str(path))
-        return msgspec.structs.replace(report, read_only=self.dirs.is_read_only(path))
+        return self._progress(card, DownloadStatus.COMPLETED, tally, path=str(path))
 
     def _progress(
         self,
@@ -191,7 +189,20 @@ class HfDownloader(Downloader):
         error: str | None = None,
         path: str | None = None,
     ) -> DownloadProgress:
-        return progress(self.node_id, card.model_id, status, tally, speed, error, path)
+        remaining = max(0, tally.total - tally.done)
+        eta = remaining / speed if speed > 0 and status == DownloadStatus.ONGOING else None
+        return DownloadProgress(
+            node_id=self.node_id,
+            model_id=card.model_id,
+            status=status,
+            downloaded_bytes=tally.done,
+            total_bytes=tally.total,
+            speed_bytes_per_s=speed,
+            eta_s=eta,
+            error=error,
+            path=path,
+            read_only=path is not None and self.dirs.is_read_only(Path(path)),
+        )
 
     # -- in the thread ----------------------------------------------------------------------------
 

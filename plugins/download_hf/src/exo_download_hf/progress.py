@@ -7,9 +7,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from exo_core.ids import ModelId, NodeId
-from exo_core.state import DownloadProgress, DownloadStatus
-
 # Speed is averaged over this many seconds, so one slow chunk does not swing the ETA.
 SPEED_WINDOW_S = 5.0
 
@@ -55,27 +52,3 @@ class SpeedMeter:
             self._samples.popleft()
         t0, d0 = self._samples[0]
         return max(0.0, (done - d0) / (now - t0)) if now > t0 else 0.0
-
-
-def progress(
-    node_id: NodeId,
-    model_id: ModelId,
-    status: DownloadStatus,
-    tally: Tally,
-    speed: float = 0.0,
-    error: str | None = None,
-    path: str | None = None,
-) -> DownloadProgress:
-    remaining = max(0, tally.total - tally.done)
-    eta = remaining / speed if speed > 0 and status == DownloadStatus.ONGOING else None
-    return DownloadProgress(
-        node_id=node_id,
-        model_id=model_id,
-        status=status,
-        downloaded_bytes=tally.done,
-        total_bytes=tally.total,
-        speed_bytes_per_s=speed,
-        eta_s=eta,
-        error=error,
-        path=path,
-    )
