@@ -13,24 +13,24 @@ import pytest
 from exo_core.testing.harness import running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
-from .support import DIALECTS, Cluster, ready
+from .support import DIALECTS, Cluster
 
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     engine = ScriptedEnginePlugin()
     with running_node(tmp_path_factory.mktemp("dialects"), [engine, *DIALECTS]) as node:
-        yield ready(Cluster(node, engine))
+        yield Cluster(node, engine)
 
 
 @pytest.fixture(scope="package")
 def slow_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Tokens every 0.2 s, and keep-alives after 0.1 s of silence (10 s in production)."""
     engine = ScriptedEnginePlugin(delay_s=0.2)
-    with running_node(tmp_path_factory.mktemp("slow"), [engine, *DIALECTS]) as node:
-        # The core has no public knob for the keep-alive interval yet.
-        node.node.generation._keepalive_s = 0.1
-        yield ready(Cluster(node, engine))
+    with running_node(
+        tmp_path_factory.mktemp("slow"), [engine, *DIALECTS], keepalive_s=0.1
+    ) as node:
+        yield Cluster(node, engine)
 
 
 @pytest.fixture

@@ -38,11 +38,3 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return predicate()
-
-
-def ready(cluster: Cluster) -> Cluster:
-    """Wait until the node knows itself: placing the first instance needs its own NodeInfo in
-    the state, which the harness does not wait for."""
-    node = cluster.node.node
-    assert wait_for(lambda: node.node_id in node.state.nodes, timeout=10), "node never joined"
-    return cluster

@@ -71,8 +71,16 @@ def test_max_tokens_and_stop_sequences(claude: anthropic.Anthropic) -> None:
         messages=[{"role": "user", "content": "one two three four"}],
     )
     assert [getattr(b, "text", None) for b in stopped.content] == ["echo: one two"]
-    # The core does not yet say which stop sequence matched (see translate.stop_reason).
-    assert stopped.stop_reason in ("stop_sequence", "end_turn")
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == " three"
+    with claude.messages.stream(
+        model="scripted-echo",
+        max_tokens=20,
+        stop_sequences=["zzz", " four"],
+        messages=[{"role": "user", "content": "one two three four"}],
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert [getattr(b, "text", None) for b in streamed.content] == ["echo: one two three"]
+    assert streamed.stop_reason == "stop_sequence" and streamed.stop_sequence == " four"
 
 
 def test_thinking(claude: anthropic.Anthropic) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from exo_api_claude import translate
 from exo_api_claude.types import MessagesRequest
+from exo_core.api.dialect import GenerationFailed
 from exo_core.generation import (
     ErrorChunk,
     FinishChunk,
@@ -211,7 +212,6 @@ def test_message_object() -> None:
             FinishChunk(task_id=T, finish_reason=FinishReason.LENGTH, usage=USAGE),
         ],
     )
-    assert isinstance(result, dict)
     assert result["content"] == [
         {"type": "thinking", "thinking": "hm", "signature": ""},
         {"type": "text", "text": "a"},
@@ -219,18 +219,23 @@ def test_message_object() -> None:
     ]
     assert result["stop_reason"] == "max_tokens"
     cancelled = FinishChunk(task_id=T, finish_reason=FinishReason.CANCELLED)
-    assert isinstance(translate.message("m", [cancelled]), str)
+    with pytest.raises(GenerationFailed, match="cancelled"):
+        translate.message("m", [cancelled])
+    with pytest.raises(GenerationFailed, match="boom"):
+        translate.message("m", [ErrorChunk(task_id=T, message="boom")])
+    with pytest.raises(GenerationFailed, match="without finishing"):
+        translate.message("m", [TextChunk(task_id=T, text="a")])
 
 
 def test_stop_reasons() -> None:
     stop = FinishChunk(task_id=T, finish_reason=FinishReason.STOP)
     assert translate.stop_reason(stop) == ("end_turn", None)
-
-    class WithSequence:  # the field the core may add to FinishChunk
-        finish_reason = FinishReason.STOP
-        stop_sequence = "END"
-
-    assert translate.stop_reason(WithSequence()) == ("stop_sequence", "END")  # type: ignore[arg-type]
+    on_sequence = FinishChunk(task_id=T, finish_reason=FinishReason.STOP, stop_sequence="END")
+    assert translate.stop_reason(on_sequence) == ("stop_sequence", "END")
+    length = FinishChunk(task_id=T, finish_reason=FinishReason.LENGTH)
+    assert translate.stop_reason(length) == ("max_tokens", None)
+    tools = FinishChunk(task_id=T, finish_reason=FinishReason.TOOL_CALLS)
+    assert translate.stop_reason(tools) == ("tool_use", None)
 
 
 def test_approximate_tokens_grows_with_input() -> None:

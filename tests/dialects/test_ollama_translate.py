@@ -10,6 +10,7 @@ import pytest
 
 from exo_api_ollama import translate
 from exo_api_ollama.types import ChatRequest, GenerateRequest
+from exo_core.api.dialect import GenerationFailed
 from exo_core.generation import (
     ErrorChunk,
     FinishChunk,
@@ -161,7 +162,6 @@ def test_chat_lines_and_result() -> None:
     assert (final["prompt_eval_count"], final["eval_count"]) == (4, 2)
     assert (final["prompt_eval_duration"], final["eval_duration"]) == (40_000_000, 200_000_000)
     whole = translate.Reply("m", "chat").result(chunks)
-    assert isinstance(whole, dict)
     assert whole["message"]["content"] == "a" and whole["message"]["thinking"] == "hm"
     assert whole["message"]["tool_calls"][0]["function"]["name"] == "f"
 
@@ -174,7 +174,10 @@ def test_generate_lines_and_errors() -> None:
     assert json.loads(capped[0])["done_reason"] == "length"
     failed = translate.Reply("m", "generate")
     assert json.loads(failed.feed(ErrorChunk(task_id=T, message="boom"))[0]) == {"error": "boom"}
-    assert translate.Reply("m", "chat").result([ErrorChunk(task_id=T, message="x")]) == "x"
+    with pytest.raises(GenerationFailed, match=r"^x$"):
+        translate.Reply("m", "chat").result([ErrorChunk(task_id=T, message="x")])
+    with pytest.raises(GenerationFailed, match="without finishing"):
+        translate.Reply("m", "chat").result([TextChunk(task_id=T, text="a")])
 
 
 def test_model_entries() -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from exo_api_openai import chat, responses
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
+from exo_core.api.dialect import GenerationFailed
 from exo_core.generation import (
     Chunk,
     ErrorChunk,
@@ -215,13 +216,14 @@ def test_chat_completion_object() -> None:
         FinishChunk(task_id=T, finish_reason=FinishReason.LENGTH, usage=USAGE),
     ]
     result = chat.completion("m", chunks)
-    assert isinstance(result, dict)
     choice = result["choices"][0]
     assert choice["message"]["content"] == "ab" and choice["message"]["reasoning_content"] == "hm"
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
     assert result["usage"]["total_tokens"] == 7
-    assert chat.completion("m", [ErrorChunk(task_id=T, message="x")]) == "x"
-    assert isinstance(chat.completion("m", chunks[:1]), str)
+    with pytest.raises(GenerationFailed, match=r"^x$"):
+        chat.completion("m", [ErrorChunk(task_id=T, message="x")])
+    with pytest.raises(GenerationFailed, match="without finishing"):
+        chat.completion("m", chunks[:1])
 
 
 def test_responses_input_items() -> None:
@@ -314,7 +316,7 @@ def test_responses_failure() -> None:
     frames = b.feed(ErrorChunk(task_id=T, message="boom"))
     last = json.loads(frames[-1].split("\n")[1].removeprefix("data: "))
     assert last["type"] == "response.failed" and last["response"]["error"]["message"] == "boom"
-    assert (
+    with pytest.raises(GenerationFailed, match=r"^x$"):
         responses.build(responses.ResponseBuilder("m", {}), [ErrorChunk(task_id=T, message="x")])
-        == "x"
-    )
+    with pytest.raises(GenerationFailed, match="without finishing"):
+        responses.build(responses.ResponseBuilder("m", {}), [TextChunk(task_id=T, text="a")])

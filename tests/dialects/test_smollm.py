@@ -19,7 +19,7 @@ from exo_core.model_cards import Capability, ModelCard
 from exo_core.node import Node
 from exo_core.testing.harness import running_node
 
-from .support import DIALECTS, wait_for
+from .support import DIALECTS
 
 pytestmark = pytest.mark.smollm
 
@@ -60,9 +60,7 @@ def _pick(node: Node) -> ModelCard:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     plugin = _mlx_plugin()
     with running_node(tmp_path_factory.mktemp("smollm"), [plugin, *DIALECTS]) as running:
-        node = running.node
-        assert wait_for(lambda: node.node_id in node.state.nodes, timeout=10), "node never joined"
-        yield Served(running.url, _pick(node).model_id)
+        yield Served(running.url, _pick(running.node).model_id)
 
 
 @pytest.mark.timeout(600)

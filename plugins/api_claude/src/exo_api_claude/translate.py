@@ -27,6 +27,7 @@ from exo_api_claude.types import (
     ToolResultBlock,
     ToolUseBlock,
 )
+from exo_core.api.dialect import GenerationFailed, answered, finish_failure
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -252,7 +253,9 @@ _TYPES = {
 }
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str, exc: Exception | None = None) -> dict[str, Any]:
+    """Anthropic's error shape, `{"type": "error", "error": {"type", "message"}}` (the type is
+    told by the status alone)."""
     kind = _TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
@@ -272,22 +275,15 @@ def tool_input(arguments: str) -> dict[str, Any]:
 
 
 def stop_reason(finish: FinishChunk) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence). Which stop sequence matched is known only when the core
-    reports it (a `stop_sequence` on the finish chunk); otherwise a stop is `end_turn`."""
+    """(stop_reason, stop_sequence): a stop on one of the request's `stop_sequences` (which the
+    engine names on the finish chunk) is `stop_sequence`, any other stop `end_turn`."""
     if finish.finish_reason == FinishReason.LENGTH:
         return "max_tokens", None
     if finish.finish_reason == FinishReason.TOOL_CALLS:
         return "tool_use", None
-    matched: str | None = getattr(finish, "stop_sequence", None)
-    return ("stop_sequence", matched) if matched else ("end_turn", None)
-
-
-def failure(reason: FinishReason) -> str | None:
-    if reason == FinishReason.CANCELLED:
-        return "the generation was cancelled in the cluster"
-    if reason == FinishReason.ERROR:
-        return "the generation failed"
-    return None
+    if finish.stop_sequence is not None:
+        return "stop_sequence", finish.stop_sequence
+    return "end_turn", None
 
 
 def usage(u: Usage) -> dict[str, Any]:
@@ -300,8 +296,9 @@ def usage(u: Usage) -> dict[str, Any]:
     }
 
 
-def message(model: str, chunks: list[Chunk]) -> dict[str, Any] | str:
-    """The `message` object for a finished generation, or an error message."""
+def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
+    """The `message` object for a finished generation. Raises `GenerationFailed` for one that
+    gave no answer."""
     content: list[dict[str, Any]] = []
     finish: FinishChunk | None = None
     for chunk in chunks:
@@ -327,16 +324,12 @@ def message(model: str, chunks: list[Chunk]) -> dict[str, Any] | str:
                     }
                 )
             case ErrorChunk(message=problem):
-                return problem
+                raise GenerationFailed(problem)
             case FinishChunk():
                 finish = chunk
             case KeepAliveChunk():
                 pass
-    if finish is None:
-        return "the generation ended without finishing"
-    problem = failure(finish.finish_reason)
-    if problem is not None:
-        return problem
+    finish = answered(finish)
     reason, sequence = stop_reason(finish)
     return {
         "id": new_id("msg_"),
@@ -420,7 +413,7 @@ class MessageStream:
             case KeepAliveChunk():
                 return [self._event("ping")]
             case FinishChunk(finish_reason=finish_reason, usage=u):
-                problem = failure(finish_reason)
+                problem = finish_failure(finish_reason)
                 if problem is not None:
                     return self.fail(problem)
                 reason, sequence = stop_reason(chunk)

@@ -8,30 +8,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, Router, get, head, post, route
-from litestar.exceptions import NotFoundException
-from litestar.types import Method
+from litestar import Response, Router, get, head, post
 
 from exo_api_ollama import translate
-from exo_api_ollama.errors import EXCEPTION_HANDLERS, error_response
-from exo_api_ollama.http import (
-    CLIENT_GONE,
-    HTTP_METHODS,
-    ClosingStream,
-    collect,
-    decode_body,
-    frames,
-    method_guards,
-)
 from exo_api_ollama.types import ChatRequest, GenerateRequest, ShowRequest
+from exo_core.api.dialect import (
+    NDJSON_MEDIA_TYPE,
+    AnyRequest,
+    answer,
+    decode_body,
+    dialect_router,
+    ndjson,
+)
 from exo_core.generation import Chunk
 from exo_core.model_cards import ModelCard
 from exo_core.node import Node
 from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
 
-AnyRequest = Request[Any, Any, Any]
 PREFIXES = ("/api", "/ollama/api")
-NDJSON = "application/x-ndjson"
 
 
 def _paths(path: str) -> list[str]:
@@ -67,7 +61,7 @@ async def _load(
     await generation.instance_for(card)
     body = reply.loaded()
     if req.stream:
-        return Response(msgspec.json.encode(body) + b"\n", media_type=NDJSON)
+        return Response(msgspec.json.encode(body) + b"\n", media_type=NDJSON_MEDIA_TYPE)
     return Response(body)
 
 
@@ -75,12 +69,8 @@ async def _answer(
     request: AnyRequest, reply: translate.Reply, chunks: AsyncIterator[Chunk], stream: bool
 ) -> Response[Any]:
     if stream:
-        return ClosingStream(frames(reply, chunks), media_type=NDJSON)
-    collected = await collect(request, chunks)
-    if collected is None:
-        return Response(None, status_code=CLIENT_GONE)
-    result = reply.result(collected)
-    return error_response(500, result) if isinstance(result, str) else Response(result)
+        return ndjson(reply, chunks)
+    return await answer(request, chunks, reply.result)
 
 
 @post(_paths("/chat"), status_code=200)
@@ -143,41 +133,12 @@ async def alive_head() -> None:
     return None
 
 
-@route(
-    ["/api/{rest:path}", "/ollama/{rest:path}"],
-    http_method=list(HTTP_METHODS),
-    include_in_schema=False,
-)
-async def unknown_route(request: AnyRequest, rest: str) -> None:
-    raise NotFoundException(f"no route {request.method} {request.url.path}")
-
-
 def router() -> Router:
-    post_only: list[Method] = ["POST"]
-    get_only: list[Method] = ["GET"]
-    known = {
-        "/chat": post_only,
-        "/generate": post_only,
-        "/show": post_only,
-        "/tags": get_only,
-        "/ps": get_only,
-        "/version": get_only,
-    }
-    allowed = {full: methods for path, methods in known.items() for full in _paths(path)}
-    return Router(
-        path="/",
-        route_handlers=[
-            chat,
-            generate,
-            tags,
-            running,
-            show,
-            version,
-            alive,
-            alive_head,
-            unknown_route,
-            *method_guards(allowed),
-        ],
-        exception_handlers=EXCEPTION_HANDLERS,
+    handlers = [chat, generate, tags, running, show, version, alive, alive_head]
+    return dialect_router(
+        "/",
+        handlers,
+        error_body=translate.error_body,
+        unknown=("/api/{rest:path}", "/ollama/{rest:path}"),
         tags=["ollama"],
     )

@@ -14,6 +14,7 @@ from typing import Any, Literal
 import msgspec
 
 from exo_api_ollama.types import ChatRequest, GenerateRequest, MessageIn, Options, Think, ToolIn
+from exo_core.api.dialect import UNFINISHED, GenerationFailed, finish_failure
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -282,12 +283,9 @@ def done_reason(reason: FinishReason) -> str:
     return "length" if reason == FinishReason.LENGTH else "stop"
 
 
-def failure(reason: FinishReason) -> str | None:
-    if reason == FinishReason.CANCELLED:
-        return "the generation was cancelled in the cluster"
-    if reason == FinishReason.ERROR:
-        return "the generation failed"
-    return None
+def error_body(status: int, message: str, exc: Exception | None = None) -> dict[str, Any]:
+    """Ollama's error shape, `{"error": "..."}` (the status says the rest)."""
+    return {"error": message}
 
 
 class Reply:
@@ -361,7 +359,7 @@ class Reply:
                 # NDJSON has no comments: an empty message is the harmless way to keep alive.
                 return [self._line(self._object())]
             case FinishChunk(finish_reason=reason, usage=usage):
-                problem = failure(reason)
+                problem = finish_failure(reason)
                 if problem is not None:
                     return self.fail(problem)
                 end = {"done_reason": done_reason(reason), **stats(usage, self._elapsed())}
@@ -384,15 +382,18 @@ class Reply:
 
     def fail(self, message: str) -> list[str]:
         self.error = message
-        return [self._line({"error": message})]
+        return [self._line(error_body(500, message))]
 
-    def result(self, chunks: list[Chunk]) -> dict[str, Any] | str:
-        """The non-streamed reply, or an error message."""
+    def result(self, chunks: list[Chunk]) -> dict[str, Any]:
+        """The non-streamed reply. Raises `GenerationFailed` for a generation that gave no
+        answer."""
         for chunk in chunks:
             self.feed(chunk)
         if self.error is not None:
-            return self.error
-        return self.final if self.final is not None else "the generation ended without finishing"
+            raise GenerationFailed(self.error)
+        if self.final is None:
+            raise GenerationFailed(UNFINISHED)
+        return self.final
 
     def loaded(self, reason: str = "load") -> dict[str, Any]:
         """The reply to an empty request, which only loads the model."""

@@ -23,6 +23,7 @@ from exo_api_openai.types import (
     ToolMessage,
     UserMessage,
 )
+from exo_core.api.dialect import GenerationFailed, answered, finish_failure
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -209,7 +210,7 @@ class ChatStream:
             case KeepAliveChunk():
                 return [": keep-alive\n\n"]
             case FinishChunk(finish_reason=reason, usage=usage):
-                problem = common.failure(reason)
+                problem = finish_failure(reason)
                 if problem is not None:
                     return self.fail(problem)
                 frames = [self._chunk({}, finish_reason=reason.value)]
@@ -236,8 +237,9 @@ class ChatStream:
         return [self._frame(common.error_body(500, message)), "data: [DONE]\n\n"]
 
 
-def completion(model: str, chunks: list[Chunk]) -> dict[str, Any] | str:
-    """The `chat.completion` object for a finished generation, or an error message."""
+def completion(model: str, chunks: list[Chunk]) -> dict[str, Any]:
+    """The `chat.completion` object for a finished generation. Raises `GenerationFailed` for
+    one that gave no answer."""
     text: list[str] = []
     reasoning: list[str] = []
     calls: list[dict[str, Any]] = []
@@ -255,16 +257,12 @@ def completion(model: str, chunks: list[Chunk]) -> dict[str, Any] | str:
                 del call["index"]
                 calls.append(call)
             case ErrorChunk():
-                return chunk.message
+                raise GenerationFailed(chunk.message)
             case FinishChunk():
                 finish = chunk
             case KeepAliveChunk():
                 pass
-    if finish is None:
-        return "the generation ended without finishing"
-    problem = common.failure(finish.finish_reason)
-    if problem is not None:
-        return problem
+    finish = answered(finish)
     content = "".join(text)
     msg: dict[str, Any] = {
         "role": "assistant",

@@ -11,7 +11,6 @@ import msgspec
 from exo_api_openai.types import ToolChoice, ToolIn
 from exo_core.generation import (
     ContentPart,
-    FinishReason,
     GenerationParams,
     SamplingParams,
     TokenLogprob,
@@ -155,15 +154,6 @@ def chat_usage(usage: Usage) -> dict[str, Any]:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
-
-
-def failure(reason: FinishReason) -> str | None:
-    """The error message for a finish that is not an answer, else None."""
-    if reason == FinishReason.CANCELLED:
-        return "the generation was cancelled in the cluster"
-    if reason == FinishReason.ERROR:
-        return "the generation failed"
-    return None
 
 
 _TYPES = {

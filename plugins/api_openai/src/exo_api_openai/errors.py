@@ -1,43 +1,21 @@
 """OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`, for every failure
-under this plugin's routes (the core's refusals, Litestar's own 404/405/413s, bugs)."""
+under this plugin's routes (see `exo_core.api.dialect.dialect_router`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from litestar import Request, Response
-from litestar.exceptions import HTTPException, ValidationException
-from litestar.types import ExceptionHandlersMap
-from loguru import logger
+from litestar.exceptions import HTTPException
 
 from exo_api_openai.common import error_body
-from exo_core.service import GenerationError, ModelNotFound
+from exo_core.service import ModelNotFound
 
 
-def error_response(status: int, message: str, *, code: str | None = None) -> Response[Any]:
-    return Response(error_body(status, message, code=code), status_code=status)
-
-
-def _on_generation_error(_: Request[Any, Any, Any], exc: GenerationError) -> Response[Any]:
-    code = "model_not_found" if isinstance(exc, ModelNotFound) else None
-    return error_response(exc.status, exc.message, code=code)
-
-
-def _on_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    code = "not_found" if exc.status_code == 404 else None
-    return error_response(exc.status_code, exc.detail, code=code)
-
-
-def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    logger.opt(exception=exc).error(f"{request.method} {request.url.path} failed")
-    return error_response(500, f"internal error: {exc!r}")
-
-
-# ValidationException is listed itself: the app maps it to the native shape, and a handler for
-# the exact class would win over ours for its base class.
-EXCEPTION_HANDLERS: ExceptionHandlersMap = {
-    GenerationError: _on_generation_error,
-    ValidationException: _on_http_error,
-    HTTPException: _on_http_error,
-    Exception: _on_unexpected,
-}
+def api_error(status: int, message: str, exc: Exception) -> dict[str, Any]:
+    """The body for a failure; unknown models and routes carry OpenAI's codes for them."""
+    code: str | None = None
+    if isinstance(exc, ModelNotFound):
+        code = "model_not_found"
+    elif isinstance(exc, HTTPException) and status == 404:
+        code = "not_found"
+    return error_body(status, message, code=code)

@@ -24,6 +24,7 @@ from exo_api_openai.types import (
     ReasoningItem,
     ResponsesRequest,
 )
+from exo_core.api.dialect import UNFINISHED, GenerationFailed, finish_failure
 from exo_core.generation import (
     ChatMessage,
     Chunk,
@@ -381,7 +382,7 @@ class ResponseBuilder:
             case KeepAliveChunk():
                 return [": keep-alive\n\n"]
             case FinishChunk(finish_reason=reason, usage=usage):
-                problem = common.failure(reason)
+                problem = finish_failure(reason)
                 if problem is not None:
                     return self.fail(problem)
                 frames = self._close()
@@ -403,12 +404,13 @@ class ResponseBuilder:
         return [*frames, self._event("response.failed", response=self.response)]
 
 
-def build(builder: ResponseBuilder, chunks: list[Chunk]) -> dict[str, Any] | str:
-    """The final response object for a finished generation, or an error message."""
+def build(builder: ResponseBuilder, chunks: list[Chunk]) -> dict[str, Any]:
+    """The final response object for a finished generation. Raises `GenerationFailed` for one
+    that gave no answer."""
     for chunk in chunks:
         builder.feed(chunk)
     if builder.error is not None:
-        return builder.error
+        raise GenerationFailed(builder.error)
     if builder.response["status"] == "in_progress":
-        return "the generation ended without finishing"
+        raise GenerationFailed(UNFINISHED)
     return builder.response
