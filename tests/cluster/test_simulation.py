@@ -1,29 +1,30 @@
-"""Seeded simulations: five nodes on the in-memory transport with faults injected.
+"""Deterministic simulations: five nodes on the in-memory transport, in virtual time.
 
 Broadcasts are lost, duplicated and reordered; the network is partitioned and healed; masters
-are killed at random points and nodes restarted from their data directories. Meanwhile
-commands arrive at random nodes. After healing, every node must hold the master's log, and
-every command that was acknowledged must be in it. Faults come from the seed, so a failing
-seed points at a schedule to replay (thread timing still varies from run to run).
+and other nodes are killed at random points and restarted from their data directories, while
+clients send commands to random nodes. After healing, every node must hold the master's log,
+and every command that was acknowledged must be in it.
+
+Everything random comes from the seed and time is virtual (it jumps to the next timer when all
+nodes are idle), so a failing seed replays the same run: `pytest -k "seed_17"`.
 """
 
 from __future__ import annotations
 
 import random
-import threading
-import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from exo_core.commands import AddModelCard
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard
-from exo_core.testing.harness import RunningCluster, running_cluster
+from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
 from exo_core.transport.memory import Faults, MemoryNetwork
 
 NODES = 5
-SEEDS = range(6)
+SEEDS = [pytest.param(seed, id=f"seed_{seed}") for seed in range(40)]
 
 
 def card(name: str) -> ModelCard:
@@ -32,48 +33,35 @@ def card(name: str) -> ModelCard:
     )
 
 
-class Clients:
-    """Sends commands to random live nodes from a thread; remembers what was acknowledged."""
+async def clients(cluster: SimCluster, rng: random.Random, acknowledged: list[str]) -> None:
+    """Send commands to random live nodes, forever; remember what was acknowledged."""
+    sent = 0
 
-    def __init__(self, cluster: RunningCluster, rng: random.Random) -> None:
-        self.cluster = cluster
-        self.rng = rng
-        self.acknowledged: list[str] = []
-        self.sent = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    async def one(name: str) -> None:
+        alive = cluster.alive()
+        if not alive:
+            return
+        node = rng.choice(alive)
+        try:
+            result = await node.node.send_command(AddModelCard(card=card(name)), timeout=5)
+        except Exception:  # no master answered in time, or the node died under us
+            return
+        if result.ok:
+            acknowledged.append(name)
 
-    def __enter__(self) -> Clients:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            alive = self.cluster.alive()
-            if not alive:
-                time.sleep(0.05)
-                continue
-            node = self.rng.choice(alive)
-            name = f"card-{self.sent}"
-            self.sent += 1
-            try:
-                result = node.call(node.node.send_command, AddModelCard(card=card(name)), 5.0)
-            except BaseException:  # the node was killed, or no master answered in time
-                continue
-            if result.ok:
-                self.acknowledged.append(name)
+    async with anyio.create_task_group() as tg:
+        while True:
+            tg.start_soon(one, f"card-{sent}")
+            sent += 1
+            await anyio.sleep(rng.uniform(0.05, 0.3))
 
 
-def chaos(cluster: RunningCluster, rng: random.Random, steps: int) -> None:
+async def chaos(cluster: SimCluster, rng: random.Random, steps: int) -> None:
     dead: set[int] = set()
     for _ in range(steps):
-        action = rng.choice(["partition", "heal", "kill_master", "restart", "kill_any"])
+        action = rng.choice(["partition", "heal", "kill_master", "kill_any", "restart"])
         if action == "partition":
-            ids = [n.node_id for n in cluster.nodes]
+            ids = [f"node-{i}" for i in range(NODES)]
             rng.shuffle(ids)
             cut = rng.randint(1, len(ids) - 1)
             cluster.network.partition(set(ids[:cut]), set(ids[cut:]))
@@ -83,36 +71,55 @@ def chaos(cluster: RunningCluster, rng: random.Random, steps: int) -> None:
             victims = cluster.masters() if action == "kill_master" else cluster.alive()
             if victims:
                 victim = rng.choice(victims)
-                dead.add(cluster.nodes.index(victim))
-                cluster.stop(victim)
+                dead.add(victim.index)
+                await cluster.kill(victim)
         elif action == "restart" and dead:
             index = rng.choice(sorted(dead))
             dead.discard(index)
-            cluster.restart(index)
-        time.sleep(rng.uniform(0.1, 0.8))
+            await cluster.start(index)
+        await anyio.sleep(rng.uniform(0.2, 3.0))
     cluster.network.heal()
     for index in sorted(dead):
-        cluster.restart(index)
+        await cluster.start(index)
+
+
+def simulate(root: Path, seed: int) -> list[tuple[int, int, str]]:
+    """Run one seeded simulation; returns the final log as (index, term, event kind)."""
+    rng = random.Random(seed)
+    network = MemoryNetwork(
+        seed=seed, faults=Faults(loss=0.15, duplication=0.1, reorder=0.2, max_delay=0.2)
+    )
+    acknowledged: list[str] = []
+
+    async def body() -> list[tuple[int, int, str]]:
+        async with sim_cluster(root, NODES, network) as cluster:
+            await cluster.wait(lambda: all(len(n.node.state.nodes) == NODES for n in cluster.nodes))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(clients, cluster, random.Random(seed + 1000), acknowledged)
+                await chaos(cluster, rng, steps=12)
+                # Healed, with every node back: the cluster must make progress again.
+                before = len(acknowledged)
+                await cluster.wait(lambda: len(acknowledged) >= before + 3, timeout=60)
+                tg.cancel_scope.cancel()
+            await cluster.wait(cluster.converged, timeout=60)
+            states = [n.node.state for n in cluster.nodes]
+            assert all(s == states[0] for s in states)
+            logs = [list(n.node.replica.log) for n in cluster.nodes]
+            assert all(log == logs[0] for log in logs), "every node holds the same log"
+            held = set(states[0].model_cards)
+            missing = [name for name in acknowledged if name not in held]
+            assert not missing, f"acknowledged but lost: {missing}"
+            return [(e.index, e.term, type(e.event).__name__) for e in logs[0]]
+
+    return run_simulation(body)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_seeded_faults_never_lose_an_acknowledged_command(tmp_path: Path, seed: int) -> None:
-    rng = random.Random(seed)
-    network = MemoryNetwork(
-        seed=seed, faults=Faults(loss=0.15, duplication=0.1, reorder=0.2, max_delay=0.05)
-    )
-    with running_cluster(tmp_path, NODES, network=network, api=False) as cluster:
-        cluster.wait(lambda: all(len(n.node.state.nodes) == NODES for n in cluster.nodes))
-        with Clients(cluster, random.Random(seed + 1000)) as clients:
-            chaos(cluster, rng, steps=10)
-            # Healed: the cluster must make progress again.
-            before = len(clients.acknowledged)
-            cluster.wait(lambda: len(clients.acknowledged) >= before + 3, timeout=30)
-        cluster.wait(cluster.converged, timeout=30)
-        states = [n.node.state for n in cluster.nodes]
-        assert all(s == states[0] for s in states)
-        logs = [list(n.node.replica.log) for n in cluster.nodes]
-        assert all(log == logs[0] for log in logs), "every node holds the same log"
-        held = set(states[0].model_cards)
-        missing = [name for name in clients.acknowledged if name not in held]
-        assert not missing, f"acknowledged but lost: {missing}"
+    simulate(tmp_path, seed)
+
+
+def test_a_seed_replays_the_same_run(tmp_path: Path) -> None:
+    first = simulate(tmp_path / "a", 7)
+    second = simulate(tmp_path / "b", 7)
+    assert first == second
