@@ -56,7 +56,8 @@ class PipelineStage(nn.Module):
                 f"pipeline parallel does not support model type '{model_type}' "
                 f"(supported: {', '.join(sorted(PIPELINE_MODEL_TYPES))})"
             )
-        inner = model.model  # type: ignore[attr-defined]
+        full: Any = model  # a model class of mlx-lm: typed by duck, checked above
+        inner = full.model
         n_layers = len(inner.layers)
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
@@ -66,7 +67,7 @@ class PipelineStage(nn.Module):
         self.first = self._rank == 0
         self.last = self._rank == self._size - 1
         tied = not hasattr(model, "lm_head")
-        args = model.args  # type: ignore[attr-defined]
+        args = full.args
         self._hidden_size = int(args.hidden_size)
         self._vocab_size = int(args.vocab_size)
         self.sliding_window = getattr(inner, "sliding_window", None)
@@ -77,7 +78,7 @@ class PipelineStage(nn.Module):
         if self.last:
             self.norm = inner.norm
             if not tied:
-                self.lm_head = model.lm_head  # type: ignore[attr-defined]
+                self.lm_head = full.lm_head
         self._tied = tied
 
     @property
