@@ -5,6 +5,7 @@ Refusals raise `CommandRefused` with an HTTP-like status and a message that says
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,9 +33,11 @@ from exo_core.events import (
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, new_id
 from exo_core.model_cards import ModelCard
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
-from exo_core.state import Instance, ShardAssignment, State, TaskStatus
+from exo_core.state import Instance, NodeInfo, ShardAssignment, State, TaskStatus
 
-RING_PORT_BASE = 53100
+# Ring ports of runner groups: RING_PORT_BASE .. RING_PORT_BASE + RING_PORT_SPAN - 1.
+RING_PORT_BASE = 30100
+RING_PORT_SPAN = 2000
 
 
 class CommandRefused(Exception):
@@ -58,29 +61,57 @@ class Decision:
     instance_id: InstanceId | None = None
 
 
-def ring_ports(state: State, world_size: int) -> list[int]:
-    """Ports for a new ring, distinct from those of every existing instance."""
+def ring_ports(state: State, world_size: int, instance_id: str = "") -> list[int]:
+    """Ports for a new ring: distinct from every existing instance's, and from each other (the
+    ranks may share a host). The search starts at an offset derived from the instance id, so a
+    re-placed instance (a new id) does not retry a port that something else on a host holds.
+    The range sits below the ephemeral ports of Linux (32768+) and macOS/Windows (49152+)."""
     used = {
         int(s.ring_address.rsplit(":", 1)[1])
         for inst in state.instances.values()
         for s in inst.shards
         if s.ring_address
     }
-    ports, port = [], RING_PORT_BASE
-    while len(ports) < world_size:
+    offset = zlib.crc32(instance_id.encode()) % RING_PORT_SPAN if instance_id else 0
+    ports: list[int] = []
+    for i in range(RING_PORT_SPAN):
+        port = RING_PORT_BASE + (offset + i) % RING_PORT_SPAN
         if port not in used:
             ports.append(port)
-        port += 1
-    return ports
+            if len(ports) == world_size:
+                return ports
+    raise CommandRefused(503, f"no free ring ports left in {RING_PORT_BASE}+{RING_PORT_SPAN}")
+
+
+def _subnet(address: str) -> str | None:
+    parts = address.split(".")
+    if len(parts) != 4 or address.startswith("127."):
+        return None
+    return ".".join(parts[:3])
+
+
+def ring_host(node: NodeInfo | None, peers: list[NodeInfo]) -> str:
+    """The address the other ranks reach `node` at: one on a subnet a peer is on (the first
+    address may be a container bridge), else its first address; loopback when it has none."""
+    if node is None or not node.addresses:
+        return "127.0.0.1"
+    peer_subnets = {_subnet(a) for p in peers for a in p.addresses} - {None}
+    for address in node.addresses:
+        if _subnet(address) in peer_subnets:
+            return address
+    return node.addresses[0]
 
 
 def build_instance(state: State, option: PlacementOption, instance_id: InstanceId) -> Instance:
+    """The instance of a placement: rank order is the option's, and with more than one rank
+    each gets a `host:port` for the ring."""
     k = len(option.shares)
-    ports = ring_ports(state, k) if k > 1 else []
+    ports = ring_ports(state, k, instance_id) if k > 1 else []
+    members = [state.nodes[s.node_id] for s in option.shares if s.node_id in state.nodes]
     shards = []
     for rank, share in enumerate(option.shares):
         node = state.nodes.get(share.node_id)
-        host = node.addresses[0] if node and node.addresses else "127.0.0.1"
+        peers = [m for m in members if m.node_id != share.node_id]
         shards.append(
             ShardAssignment(
                 node_id=share.node_id,
@@ -89,7 +120,7 @@ def build_instance(state: State, option: PlacementOption, instance_id: InstanceI
                 world_size=k,
                 start_layer=share.start_layer,
                 end_layer=share.end_layer,
-                ring_address=f"{host}:{ports[rank]}" if k > 1 else "",
+                ring_address=f"{ring_host(node, peers)}:{ports[rank]}" if k > 1 else "",
             )
         )
     return Instance(

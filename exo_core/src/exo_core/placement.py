@@ -1,13 +1,21 @@
 """The default placement: which nodes run a model, and how it is split among them.
 
-Rules, in order: a set of nodes must hold the model in free memory; tensor parallel needs the
-hidden size and the KV heads to divide by the node count; then prefer nodes that already hold
-(more of) the model, then the fewest nodes, then the most free memory.
+Rules, in order:
+1. Only nodes with an inference engine; at least `min_nodes` of them.
+2. A set of nodes must hold the model in free memory: a pipeline puts each node's layers on it
+   (layers split in proportion to free memory, at least one each); tensor parallel puts an equal
+   slice on every node.
+3. Tensor parallel only where the hidden size and the KV heads divide by the node count.
+4. Among the sets that fit, prefer those that already hold (more of) the model, then the
+   fewest nodes, then sets whose nodes are directly connected, then the most free memory.
+
+A refusal names every constraint that ruled sets out, in plain words.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable, Sequence
 
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
@@ -19,24 +27,31 @@ from exo_core.placement_types import (
 )
 from exo_core.state import NodeInfo, Sharding, State
 
-# Beyond this many nodes, subsets are not enumerated exhaustively (combinations explode).
+# Beyond this many nodes, subsets are not enumerated exhaustively (combinations explode): only
+# the nodes with the most free memory are tried, k at a time.
 MAX_ENUMERATED_NODES = 12
 
 
-def split_layers(n_layers: int, weights: list[int]) -> list[tuple[int, int]]:
-    """Split [0, n_layers) into contiguous ranges proportional to `weights`, at least one each."""
+def split_layers(n_layers: int, weights: Sequence[int]) -> list[tuple[int, int]]:
+    """Split [0, n_layers) into contiguous ranges in proportion to `weights`, one or more
+    layers each (largest remainders; ties to the earlier rank)."""
     k = len(weights)
-    if k > n_layers:
+    if k == 0 or k > n_layers:
         raise ValueError(f"cannot split {n_layers} layers over {k} nodes")
-    total = sum(weights) or k
-    counts = [max(1, round(n_layers * w / total)) for w in (weights if sum(weights) else [1] * k)]
-    # Fix rounding so the counts add up, taking from (or giving to) the largest share.
-    while sum(counts) > n_layers:
-        i = max(range(k), key=lambda j: (counts[j], -j))
-        counts[i] -= 1
-    while sum(counts) < n_layers:
-        i = max(range(k), key=lambda j: (weights[j] / counts[j], -j))
+    total = sum(weights)
+    shares = [w / total * n_layers for w in weights] if total > 0 else [n_layers / k] * k
+    counts = [int(s) for s in shares]
+    by_remainder = sorted(range(k), key=lambda i: (-(shares[i] - counts[i]), i))
+    for i in by_remainder[: n_layers - sum(counts)]:
         counts[i] += 1
+    # Every node runs at least one layer: take from the node furthest above its share.
+    for i in range(k):
+        if counts[i] == 0:
+            donor = max(
+                (j for j in range(k) if counts[j] > 1), key=lambda j: (counts[j] - shares[j], -j)
+            )
+            counts[donor] -= 1
+            counts[i] = 1
     ranges, start = [], 0
     for c in counts:
         ranges.append((start, start + c))
@@ -44,17 +59,38 @@ def split_layers(n_layers: int, weights: list[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _download_score(state: State, card: ModelCard, nodes: tuple[NodeInfo, ...]) -> float:
-    return sum(
-        p.fraction
-        for n in nodes
-        if (p := state.downloads.get(n.node_id, {}).get(card.model_id)) is not None
-    )
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
-def _option(card: ModelCard, sharding: Sharding, nodes: tuple[NodeInfo, ...]) -> PlacementOption:
+def _missing(state: State, card: ModelCard, nodes: Iterable[NodeInfo]) -> float:
+    """How much of the model the nodes still lack, in model copies (0: all hold it)."""
+    total = 0.0
+    for n in nodes:
+        progress = state.downloads.get(n.node_id, {}).get(card.model_id)
+        total += 1.0 - (progress.fraction if progress is not None else 0.0)
+    return round(total, 6)
+
+
+def _unlinked_pairs(state: State, nodes: Sequence[NodeInfo]) -> int:
+    """Pairs of nodes with no direct transport link (from reported topology; unknown: linked)."""
+    reported = state.topology
+    count = 0
+    for a, b in itertools.combinations(nodes, 2):
+        if a.node_id not in reported or b.node_id not in reported:
+            continue
+        if b.node_id not in reported[a.node_id] and a.node_id not in reported[b.node_id]:
+            count += 1
+    return count
+
+
+def _option(card: ModelCard, sharding: Sharding, nodes: Sequence[NodeInfo]) -> PlacementOption:
     if sharding == "tensor":
-        per_node = card.storage_size_bytes // len(nodes)
+        per_node = -(-card.storage_size_bytes // len(nodes))
         shares = [
             NodeShare(
                 node_id=n.node_id, start_layer=0, end_layer=card.n_layers, memory_bytes=per_node
@@ -68,7 +104,7 @@ def _option(card: ModelCard, sharding: Sharding, nodes: tuple[NodeInfo, ...]) ->
                 node_id=n.node_id,
                 start_layer=a,
                 end_layer=b,
-                memory_bytes=card.storage_size_bytes * (b - a) // card.n_layers,
+                memory_bytes=-(-card.storage_size_bytes * (b - a) // card.n_layers),
             )
             for n, (a, b) in zip(nodes, ranges, strict=True)
         ]
@@ -79,56 +115,99 @@ def _fits(option: PlacementOption, nodes: dict[NodeId, NodeInfo]) -> bool:
     return all(s.memory_bytes <= nodes[s.node_id].resources.memory_available for s in option.shares)
 
 
+def _tensor_blocker(card: ModelCard, k: int) -> str | None:
+    """Why tensor parallel cannot split this model over `k` nodes, or None."""
+    if k == 1:
+        return None
+    problems = []
+    if card.hidden_size % k:
+        problems.append(f"hidden size {card.hidden_size}")
+    kv = card.num_key_value_heads
+    if kv is not None and kv % k:
+        problems.append(f"{kv} KV heads")
+    if not problems:
+        return None
+    return f"tensor parallel over {k} nodes: {' and '.join(problems)} do not divide by {k}"
+
+
+def _subsets(nodes: list[NodeInfo], k: int) -> Iterable[tuple[NodeInfo, ...]]:
+    if len(nodes) <= MAX_ENUMERATED_NODES:
+        return itertools.combinations(nodes, k)
+    richest = sorted(nodes, key=lambda n: (-n.resources.memory_available, n.node_id))[:k]
+    return [tuple(sorted(richest, key=lambda n: n.node_id))]
+
+
+class _Refusals:
+    """Why node sets were ruled out, to name in a refusal."""
+
+    def __init__(self, card: ModelCard) -> None:
+        self.card = card
+        self.reasons: list[str] = []
+        self.best_free: dict[Sharding, int] = {}
+
+    def add(self, reason: str) -> None:
+        if reason not in self.reasons:
+            self.reasons.append(reason)
+
+    def short_of_memory(self, sharding: Sharding, nodes: Sequence[NodeInfo]) -> None:
+        free = [n.resources.memory_available for n in nodes]
+        # What the set could hold: all its free memory, or for equal slices k times its least.
+        capacity = min(free) * len(free) if sharding == "tensor" else sum(free)
+        self.best_free[sharding] = max(self.best_free.get(sharding, 0), capacity)
+
+    def message(self) -> str:
+        parts = list(self.reasons)
+        size = human_bytes(self.card.storage_size_bytes)
+        for sharding, free in self.best_free.items():
+            parts.append(
+                f"not enough free memory for {sharding} parallel: {self.card.model_id} needs "
+                f"{size}, the best set of nodes can hold {human_bytes(free)}"
+                + (" (every node holds an equal slice)" if sharding == "tensor" else "")
+            )
+        return "; ".join(parts) or "no placement fits"
+
+
 def place(card: ModelCard, request: PlacementRequest, state: State) -> list[PlacementOption]:
     """Every valid placement, best first. Raises `PlacementRefused` naming what failed."""
     nodes = sorted(
-        (n for n in state.nodes.values() if n.resources.engines),
-        key=lambda n: n.node_id,
+        (n for n in state.nodes.values() if n.resources.engines), key=lambda n: n.node_id
     )
     if not nodes:
         raise PlacementRefused("no node with an inference engine is in the cluster")
-    by_id = {n.node_id: n for n in nodes}
-    shardings: list[Sharding] = [request.sharding] if request.sharding else ["pipeline", "tensor"]
-    options: list[tuple[tuple[float, int, int], PlacementOption]] = []
-    reasons: set[str] = set()
-    max_k = min(len(nodes), card.n_layers)
     if request.min_nodes > len(nodes):
         raise PlacementRefused(
-            f"min_nodes={request.min_nodes} but the cluster has {len(nodes)} node(s) with an engine"
+            f"min_nodes={request.min_nodes} but the cluster has {len(nodes)} node(s) "
+            "with an inference engine"
         )
+    by_id = {n.node_id: n for n in nodes}
+    shardings: list[Sharding] = [request.sharding] if request.sharding else ["pipeline", "tensor"]
+    refusals = _Refusals(card)
+    ranked: list[tuple[tuple[float, int, int, int], PlacementOption]] = []
     for sharding in shardings:
         if sharding == "tensor" and not card.supports_tensor:
-            reasons.add(f"{card.model_id} does not support tensor parallel")
+            refusals.add(f"{card.model_id} does not support tensor parallel")
             continue
-        for k in range(max(1, request.min_nodes), max_k + 1):
-            if sharding == "tensor":
-                if card.hidden_size % k:
-                    reasons.add(f"hidden size {card.hidden_size} does not divide by {k} nodes")
-                    continue
-                kv = card.num_key_value_heads
-                if kv is not None and kv % k:
-                    reasons.add(f"{kv} KV heads do not divide by {k} nodes")
-                    continue
-            subsets = (
-                itertools.combinations(nodes, k)
-                if len(nodes) <= MAX_ENUMERATED_NODES
-                else [tuple(sorted(nodes, key=lambda n: -n.resources.memory_available)[:k])]
+        if sharding == "pipeline" and request.min_nodes > card.n_layers:
+            refusals.add(
+                f"a pipeline needs at least one layer per node: {card.model_id} has "
+                f"{card.n_layers} layers, fewer than min_nodes={request.min_nodes}"
             )
-            for subset in subsets:
+            continue
+        max_k = min(len(nodes), card.n_layers) if sharding == "pipeline" else len(nodes)
+        for k in range(max(1, request.min_nodes), max_k + 1):
+            blocker = _tensor_blocker(card, k) if sharding == "tensor" else None
+            if blocker:
+                refusals.add(blocker)
+                continue
+            for subset in _subsets(nodes, k):
                 option = _option(card, sharding, subset)
                 if not _fits(option, by_id):
-                    free = sum(n.resources.memory_available for n in subset)
-                    reasons.add(
-                        f"not enough free memory: the model needs {card.storage_size_bytes} "
-                        f"bytes, {k} node(s) have at most {free} free"
-                        if k == max_k
-                        else "not enough free memory on smaller node sets"
-                    )
+                    refusals.short_of_memory(sharding, subset)
                     continue
                 free = sum(n.resources.memory_available for n in subset)
-                key = (-_download_score(state, card, subset), k, -free)
-                options.append((key, option))
-    if not options:
-        raise PlacementRefused("; ".join(sorted(reasons)) or "no placement fits")
-    options.sort(key=lambda pair: pair[0])
-    return [option for _, option in options]
+                key = (_missing(state, card, subset), k, _unlinked_pairs(state, subset), -free)
+                ranked.append((key, option))
+    if not ranked:
+        raise PlacementRefused(refusals.message())
+    ranked.sort(key=lambda pair: pair[0])  # stable: pipeline before tensor on equal keys
+    return [option for _, option in ranked]
