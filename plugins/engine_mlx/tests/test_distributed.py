@@ -216,3 +216,16 @@ def test_a_frozen_rank_fails_the_group_after_the_step_timeout(model_dir: Path) -
     assert isinstance(last, ErrorChunk), last
     assert "did not complete within 2 s" in last.message, last.message
     assert ended - frozen_at[0] < 6.0
+
+
+def test_the_prefix_cache_hits_alike_on_every_rank(pipeline2: RunnerGroup) -> None:
+    # The ranks' budgets are scaled to their share of the KV cache, so they store, hit and
+    # evict alike; a rank that reused a different prefix would fail the fingerprint check.
+    prompt = "the quick brown fox jumps over the lazy dog, then the dog sleeps"
+    first = pipeline2.generate(task("p1", prompt, max_tokens=6))
+    again = pipeline2.generate(task("p2", prompt, max_tokens=6))
+    for by_rank in (first, again):
+        assert all(isinstance(final(chunks), FinishChunk) for chunks in by_rank.values())
+    done = final(again[0])
+    assert isinstance(done, FinishChunk) and done.usage.cached_tokens > 0
+    assert text_of(again[0]) == text_of(first[0])
