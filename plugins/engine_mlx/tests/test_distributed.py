@@ -190,6 +190,7 @@ def test_killing_a_rank_mid_generation_ends_the_callers_stream_within_seconds(
     assert "peer" in last.message or "lost" in last.message, last.message
 
 
+@pytest.mark.slow
 def test_a_frozen_rank_fails_the_group_after_the_step_timeout(model_dir: Path) -> None:
     # A stopped process keeps its sockets open: only the watchdog can notice it.
     specs = group_specs(model_dir, sharding="pipeline", world=2)
