@@ -35,11 +35,18 @@ def _upcast(model: nn.Module) -> None:
     model.apply(lambda x: x.astype(mx.float32) if x.dtype in half else x)
 
 
-def _for_device(model: nn.Module, model_dir: str) -> None:
+def _dense(model_dir: str) -> bool:
+    """Whether to run dense float32 weights (the CPU, with a small quantized model)."""
+    return mx.default_device() == mx.cpu and should_dequantize(
+        Path(model_dir), psutil.virtual_memory().available
+    )
+
+
+def _for_device(model: nn.Module, dense: bool) -> None:
     if mx.default_device() != mx.cpu:
         return
     _upcast(model)
-    if should_dequantize(Path(model_dir), psutil.virtual_memory().available):
+    if dense:
         replaced = dequantize_model(model)
         logger.info(f"dense fp32 weights: dequantized {replaced} layers")
     logger.info(f"BLAS in this runner: {loaded_blas() or 'bundled reference BLAS'}")
@@ -61,18 +68,21 @@ def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any
     from mlx_lm import load
 
     model, tokenizer = load(model_dir, lazy=True)[:2]
+    dense = _dense(model_dir)
     if shard is not None and shard.sharding == "pipeline":
         from exo_engine_mlx.distributed.pipeline import PipelineStage
 
         # Built before any conversion: the layers left out are dropped while still lazy.
         model = PipelineStage(model, shard.start_layer, shard.end_layer, shard.group)
-        _for_device(model, model_dir)
     elif shard is not None:
-        from exo_engine_mlx.distributed.tensor import shard_tensor
+        from exo_engine_mlx.distributed.tensor import dequantize_sharded, shard_tensor
 
-        _for_device(model, model_dir)
+        # Sharded first, so that only this rank's slices are read and dequantized.
         shard_tensor(model, shard.group)
-    else:
-        _for_device(model, model_dir)
+        if dense:
+            dequantize_sharded(model)
+    _for_device(model, dense)
     _eval_by_layer(model)
+    # Full tensors read only to be sliced are free now: give them back, not to MLX's cache.
+    mx.clear_cache()
     return model, tokenizer

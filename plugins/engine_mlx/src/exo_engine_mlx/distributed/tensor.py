@@ -11,6 +11,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_unflatten
 
 
 class TensorUnsupported(ValueError):
@@ -36,3 +37,34 @@ def shard_tensor(model: nn.Module, group: mx.distributed.Group) -> None:
     if kv and kv % size:
         raise TensorUnsupported(f"{kv} KV heads do not divide by {size} ranks")
     model.shard(group)  # type: ignore[attr-defined]
+
+
+def dequantize_sharded(model: nn.Module) -> int:
+    """Turn the quantized sharded projections into dense float32 ones, lazily.
+
+    Done after sharding, only a rank's slices are ever dequantized: dequantizing first would
+    materialize the whole dense model on every rank. Returns the number of layers replaced."""
+    replaced: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.QuantizedAllToShardedLinear | nn.QuantizedShardedToAllLinear):
+            continue
+        biases: Any = m.get("biases")
+        w = mx.dequantize(m.weight, m.scales, biases, m.group_size, m.bits, mode=m.mode).astype(
+            mx.float32
+        )
+        n = m.group.size()
+        out_dims, in_dims = w.shape
+        has_bias = "bias" in m
+        dense: nn.Module
+        if isinstance(m, nn.QuantizedAllToShardedLinear):
+            dense = nn.AllToShardedLinear(in_dims, out_dims * n, has_bias, group=m.group)
+        else:
+            dense = nn.ShardedToAllLinear(in_dims * n, out_dims, has_bias, group=m.group)
+        # The constructors' random weights are lazy and replaced here: never computed.
+        dense.weight = w
+        if has_bias:
+            dense.bias = m["bias"].astype(mx.float32)
+        replaced.append((name, dense))
+    if replaced:
+        model.update_modules(tree_unflatten(replaced))
+    return len(replaced)
