@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from exo_core.decide import RING_PORT_BASE, RING_PORT_SPAN, build_instance, ring_host, ring_ports
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.model_cards import ModelCard
-from exo_core.placement import place, split_layers
+from exo_core.placement import place, replacement_options, split_layers
 from exo_core.placement_types import PlacementRefused, PlacementRequest
 from exo_core.state import (
     DownloadProgress,
@@ -302,3 +302,14 @@ def test_ring_host_picks_an_address_on_a_peers_subnet() -> None:
     stranger = node("c", 1, ("mlx",), "10.9.0.3", "127.0.0.1")
     assert ring_host(me, [stranger]) == "172.17.0.1"  # loopback is never a shared subnet
     assert ring_host(node("d", 1), [peer]) == "127.0.0.1"
+
+
+def test_a_tensor_group_that_lost_a_node_is_replaced_by_what_fits() -> None:
+    s = state(node("a", 8), node("b", 8), node("c", 8))
+    option = place(SMOLLM, request("tensor", min_nodes=3), s)[0]
+    lost = build_instance(s, option, InstanceId("tensor-3"))
+    left = state(node("a", 2), node("b", 2))  # c timed out; neither holds 3 GB alone
+    options = replacement_options(SMOLLM, lost, left)
+    assert options and options[0].sharding == "pipeline"  # 2 nodes cannot split 3 KV heads
+    assert nodes_of(options[0]) == ["a", "b"]
+    assert replacement_options(SMOLLM, lost, state(node("a", 1))) == []

@@ -15,7 +15,7 @@ A refusal names every constraint that ruled sets out, in plain words.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
@@ -25,7 +25,7 @@ from exo_core.placement_types import (
     PlacementRefused,
     PlacementRequest,
 )
-from exo_core.state import NodeInfo, Sharding, State
+from exo_core.state import Instance, NodeInfo, Sharding, State
 
 # Beyond this many nodes, subsets are not enumerated exhaustively (combinations explode): only
 # the nodes with the most free memory are tried, k at a time.
@@ -211,3 +211,24 @@ def place(card: ModelCard, request: PlacementRequest, state: State) -> list[Plac
         raise PlacementRefused(refusals.message())
     ranked.sort(key=lambda pair: pair[0])  # stable: pipeline before tensor on equal keys
     return [option for _, option in ranked]
+
+
+PlaceFn = Callable[[ModelCard, PlacementRequest, State], list[PlacementOption]]
+
+
+def replacement_options(
+    card: ModelCard, lost: Instance, state: State, place_fn: PlaceFn = place
+) -> list[PlacementOption]:
+    """Where to run an instance again after it lost a node (`state` no longer has the node):
+    its own sharding first, then any; [] when nothing fits on the nodes left.
+
+    A three-node tensor group left with two nodes may not divide the KV heads any more, and
+    then a pipeline (or one node) serves instead."""
+    for sharding in (lost.sharding, None):
+        try:
+            return place_fn(
+                card, PlacementRequest(model_id=lost.model_id, sharding=sharding), state
+            )
+        except PlacementRefused:
+            continue
+    return []
