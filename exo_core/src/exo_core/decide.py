@@ -32,6 +32,7 @@ from exo_core.events import (
 )
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, new_id
 from exo_core.model_cards import ModelCard
+from exo_core.placement import replacement_options
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.state import Instance, NodeInfo, ShardAssignment, State, TaskStatus
 
@@ -200,13 +201,17 @@ def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> li
     for event in events:
         after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=event))
     for instance in gone:
-        try:
-            decision = decide(
-                after, PlaceInstance(model_id=instance.model_id, sharding=instance.sharding), ctx
-            )
-        except CommandRefused:
-            continue  # it no longer fits: callers get errors until someone places it again
-        for event in decision.events:
-            after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=event))
-        events.extend(decision.events)
+        card = ctx.card(instance.model_id)
+        if card is None:
+            continue
+        # Its own sharding first, then any: a tensor group that lost a node may now only
+        # fit as a pipeline. Nothing fits: callers get errors until someone places it again.
+        options = replacement_options(card, instance, after, ctx.place)
+        if not options:
+            continue
+        created = InstanceCreated(
+            instance=build_instance(after, options[0], InstanceId(new_id("inst")))
+        )
+        after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=created))
+        events.append(created)
     return events

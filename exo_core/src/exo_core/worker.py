@@ -40,6 +40,17 @@ MAX_FAILURES = 3
 BACKOFF_BASE_S = 2.0
 BACKOFF_CAP_S = 30.0
 
+# A group's rank may start its runner once every other rank is at least this far.
+_STARTED = frozenset(
+    {
+        RunnerStatus.CONNECTING,
+        RunnerStatus.LOADING,
+        RunnerStatus.WARMING_UP,
+        RunnerStatus.READY,
+        RunnerStatus.RUNNING,
+    }
+)
+
 SendCommand = Callable[[Command], Awaitable[CommandResult]]
 SendChunk = Callable[[NodeId, Chunk], Awaitable[None]]
 CardLookup = Callable[[ModelId], ModelCard | None]
@@ -260,6 +271,11 @@ class Worker:
                     if engine is None:
                         raise RunnerDied(f"no engine on this node can serve {card.model_id}")
                     path = await self._prepare(local, card, engine)
+                    if local.shard.world_size > 1:
+                        # A group forms only when every rank can start: wait for the others'
+                        # downloads rather than time out connecting to them.
+                        self._set_status(local, RunnerStatus.CONNECTING)
+                        await self._peers_ready(local)
                     spec = RunnerSpec(
                         runner_id=local.shard.runner_id,
                         instance=local.instance,
@@ -288,6 +304,18 @@ class Worker:
                         with anyio.CancelScope(shield=True):
                             await runner.stop()
                     local.runner = None
+
+    async def _peers_ready(self, local: _Local) -> None:
+        while True:
+            runners = self._replica.state.runners
+            peers = [
+                runners.get(s.runner_id)
+                for s in local.instance.shards
+                if s.runner_id != local.shard.runner_id
+            ]
+            if all(r is not None and r.status in _STARTED for r in peers):
+                return
+            await self._replica.wait_change()
 
     async def _delete_instance(self, instance_id: InstanceId, reason: str) -> None:
         for _ in range(20):
