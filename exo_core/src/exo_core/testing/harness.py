@@ -28,6 +28,15 @@ from exo_core.transport.base import Transport
 from exo_core.transport.memory import MemoryNetwork
 
 
+def converged(alive: list[Node]) -> bool:
+    """One master among the live nodes, and every live node holds the master's state."""
+    masters = [n for n in alive if n.master is not None]
+    if len(masters) != 1:
+        return False
+    expected = masters[0].state
+    return all(n.state == expected for n in alive)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,11 +133,7 @@ class RunningCluster:
 
     def converged(self) -> bool:
         """Every live node holds the same log as the master, and there is one master."""
-        masters = self.masters()
-        if len(masters) != 1:
-            return False
-        expected = masters[0].node.state
-        return all(n.node.state == expected for n in self.alive())
+        return converged([n.node for n in self.alive()])
 
 
 @contextlib.contextmanager
@@ -217,6 +222,7 @@ async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
 __all__ = [
     "RunningCluster",
     "RunningNode",
+    "converged",
     "free_port",
     "running_cluster",
     "running_node",

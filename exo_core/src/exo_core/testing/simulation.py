@@ -19,6 +19,7 @@ from exo_core.config import NodeConfig
 from exo_core.election import ElectionTiming
 from exo_core.node import Node
 from exo_core.plugin_host import load_plugins
+from exo_core.testing.harness import converged
 from exo_core.testing.virtual_time import virtual_time_options
 from exo_core.transport.memory import MemoryNetwork
 
@@ -90,11 +91,7 @@ class SimCluster:
         return [n for n in self.alive() if n.node.master is not None]
 
     def converged(self) -> bool:
-        masters = self.masters()
-        if len(masters) != 1:
-            return False
-        expected = masters[0].node.state
-        return all(n.node.state == expected for n in self.alive())
+        return converged([n.node for n in self.alive()])
 
     async def wait(self, predicate: Callable[[], bool], timeout: float = 60.0) -> None:
         with anyio.fail_after(timeout):
