@@ -76,6 +76,8 @@ def running_node(
     for plugin in plugins:
         host.pm.register(plugin)
     port = config.pop("api_port", None) or free_port()
+    # Tests stay on loopback: ring addresses come from the listen host.
+    config.setdefault("listen_host", "127.0.0.1")
     cfg = NodeConfig(
         data_dir=str(data_dir), api_port=port, transport=config.pop("transport", "memory"), **config
     )
@@ -151,6 +153,8 @@ def running_cluster(
 
     `plugins(i)` gives the plugin objects of node i."""
     network = network or MemoryNetwork()
+    # Tests stay on loopback: ring addresses come from the listen host.
+    config.setdefault("listen_host", "127.0.0.1")
     with start_blocking_portal() as portal:
         running: list[RunningNode] = []
 

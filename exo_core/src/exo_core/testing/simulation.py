@@ -58,7 +58,12 @@ class SimCluster:
         host = load_plugins(entry_points=False)
         for plugin in self._plugins(index):
             host.pm.register(plugin)
-        config = NodeConfig(data_dir=str(self.root / f"node{index}"), api=False, transport="memory")
+        config = NodeConfig(
+            data_dir=str(self.root / f"node{index}"),
+            api=False,
+            transport="memory",
+            listen_host="127.0.0.1",
+        )
         node = Node(
             config,
             host,
