@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import shutil
-import socket
 import stat
 import time
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from exo_core.config import NodeConfig
+from exo_core.testing.harness import free_port
 from exo_core.testing.transport_conformance import inboxes
 from exo_core.transport.base import (
     PeerConnected,
@@ -23,7 +23,7 @@ from exo_core.transport.base import (
     TransportMessage,
 )
 from exo_transport_libp2p import plugin
-from exo_transport_libp2p.testing import make_node, wait_until
+from exo_transport_libp2p.testing import libp2p_cluster, make_node, wait_until
 from exo_transport_libp2p.transport import KEY_FILE, Libp2pTransport
 
 
@@ -60,12 +60,7 @@ async def test_broadcast_crosses_a_line_of_nodes(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_eight_mib_request(tmp_path: Path) -> None:
-    a = make_node(tmp_path / "a")
-    await a.start()
-    b = make_node(tmp_path / "b", a.listen_addrs())
-    await b.start()
-    try:
-        await wait_until(lambda: b.node_id in a.peers())
+    async with libp2p_cluster(tmp_path, 2) as (a, b):
         payload = hashlib.sha256(b"seed").digest() * (8 * 1024 * 1024 // 32)
 
         async def digest(sender: str, body: bytes) -> bytes:
@@ -75,9 +70,6 @@ async def test_eight_mib_request(tmp_path: Path) -> None:
         answer = await a.request(b.node_id, payload, timeout=30)
         assert answer[:32] == hashlib.sha256(payload).digest()
         assert answer[32:] == payload[:1024]
-    finally:
-        await b.stop()
-        await a.stop()
 
 
 @pytest.mark.anyio
@@ -177,24 +169,15 @@ async def test_slow_reader_gets_a_lagged_event(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_blocked_event_loop_does_not_stall_the_swarm(tmp_path: Path) -> None:
-    a = make_node(tmp_path / "a")
-    await a.start()
-    b = make_node(tmp_path / "b", a.listen_addrs())
-    await b.start()
-    try:
-        async with inboxes([a, b]) as (_, box_b):
-            await wait_until(lambda: a.node_id in b.peers())
-            await a.subscribe("t")
-            await b.subscribe("t")
-            await asyncio.sleep(1.5)
-            for i in range(100):
-                await a.publish("t", i.to_bytes(4, "big"))
-            time.sleep(1.0)  # Python is stuck; the swarm keeps receiving into its queue
-            assert b.peers() == {a.node_id}
-            await box_b.wait_for(lambda: len(box_b.messages["t"]) == 100, timeout=5)
-    finally:
-        await b.stop()
-        await a.stop()
+    async with libp2p_cluster(tmp_path, 2) as (a, b), inboxes([a, b]) as (_, box_b):
+        await a.subscribe("t")
+        await b.subscribe("t")
+        await asyncio.sleep(1.5)
+        for i in range(100):
+            await a.publish("t", i.to_bytes(4, "big"))
+        time.sleep(1.0)  # Python is stuck; the swarm keeps receiving into its queue
+        assert b.peers() == {a.node_id}
+        await box_b.wait_for(lambda: len(box_b.messages["t"]) == 100, timeout=5)
 
 
 @pytest.mark.anyio
@@ -209,12 +192,7 @@ async def test_publish_with_nobody_listening_is_fine(tmp_path: Path) -> None:
 
 @pytest.mark.anyio
 async def test_request_timeout_and_stopped_peer(tmp_path: Path) -> None:
-    a = make_node(tmp_path / "a")
-    await a.start()
-    b = make_node(tmp_path / "b", a.listen_addrs())
-    await b.start()
-    try:
-        await wait_until(lambda: b.node_id in a.peers())
+    async with libp2p_cluster(tmp_path, 2) as (a, b):
 
         async def slow(sender: str, body: bytes) -> bytes:
             await asyncio.sleep(5)
@@ -228,9 +206,6 @@ async def test_request_timeout_and_stopped_peer(tmp_path: Path) -> None:
         await b.stop()
         with pytest.raises(RequestFailed):
             await a.request(b.node_id, b"x", timeout=3)
-    finally:
-        await b.stop()
-        await a.stop()
 
 
 def test_plugin_hook_builds_the_transport(tmp_path: Path) -> None:
@@ -243,12 +218,6 @@ def test_plugin_hook_builds_the_transport(tmp_path: Path) -> None:
     assert (tmp_path / KEY_FILE).exists()
     config.transport = "memory"
     assert plugin.exo_transport(config=config) is None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.anyio
