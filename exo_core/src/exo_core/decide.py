@@ -23,10 +23,12 @@ from exo_core.commands import (
 from exo_core.events import (
     DownloadDeleted,
     Event,
+    IndexedEvent,
     InstanceCreated,
     InstanceDeleted,
     ModelCardAdded,
     ModelCardRemoved,
+    NodeTimedOut,
     TaskCreated,
     TaskStatusChanged,
 )
@@ -34,6 +36,7 @@ from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, new_id
 from exo_core.model_cards import ModelCard
 from exo_core.placement import replacement_options
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.reducer import apply
 from exo_core.state import Instance, NodeInfo, ShardAssignment, State, TaskStatus
 
 # Ring ports of runner groups: RING_PORT_BASE .. RING_PORT_BASE + RING_PORT_SPAN - 1.
@@ -186,12 +189,14 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
             return Decision(list(command.events))
 
 
+def _preview(state: State, event: Event) -> State:
+    """The state after `event`, for deciding what follows it (the real index comes later)."""
+    return apply(state, IndexedEvent(index=state.last_index + 1, term=0, event=event))
+
+
 def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> list[Event]:
     """A node went silent: delete the instances that used it, remove it, and re-place each
     deleted instance on the nodes left when the model still fits there."""
-    from exo_core.events import IndexedEvent, NodeTimedOut
-    from exo_core.reducer import apply
-
     gone = [i for i in state.instances.values() if i.shard_on(node_id) is not None]
     events: list[Event] = [
         InstanceDeleted(instance_id=i.instance_id, reason=f"node {node_id} timed out") for i in gone
@@ -199,7 +204,7 @@ def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> li
     events.append(NodeTimedOut(node_id=node_id))
     after = state
     for event in events:
-        after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=event))
+        after = _preview(after, event)
     for instance in gone:
         card = ctx.card(instance.model_id)
         if card is None:
@@ -212,6 +217,6 @@ def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> li
         created = InstanceCreated(
             instance=build_instance(after, options[0], InstanceId(new_id("inst")))
         )
-        after = apply(after, IndexedEvent(index=after.last_index + 1, term=0, event=created))
+        after = _preview(after, created)
         events.append(created)
     return events
