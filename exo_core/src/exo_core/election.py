@@ -34,6 +34,10 @@ class ElectionTiming:
     alone_grace: float = 5.0
 
 
+def is_majority(count: int, members: int) -> bool:
+    return count > members // 2
+
+
 def rank_key(c: Campaign) -> tuple[bool, int, int, int, int, str]:
     return (c.force_master, c.term, c.priority, -c.seniority, c.commands_seen, c.node_id)
 
@@ -67,6 +71,10 @@ class Election:
 
     def forget(self, node_id: NodeId) -> None:
         self._heard.pop(node_id, None)
+
+    def cluster_size(self, me: Campaign) -> int:
+        """How many members the cluster has, as the best-informed node in reach knows it."""
+        return max([me.members, *(c.members for c in self._alive())])
 
     def alive(self) -> list[Campaign]:
         """Campaigns heard within the timeout."""
@@ -118,8 +126,7 @@ class Election:
             return  # our bootstrap peers may just be slow to answer
         if self._lost_master_at is not None and now - self._lost_master_at < self.timing.settle / 2:
             return
-        members = max([me.members, *(c.members for c in others)])
-        if 1 + len(others) <= members // 2:
+        if not is_majority(1 + len(others), self.cluster_size(me)):
             return  # too few nodes in reach to commit anything: no master on this side
         best = max([me, *others], key=rank_key)
         if best.node_id == me.node_id:

@@ -21,7 +21,7 @@ from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEve
 from exo_core.config import NodeConfig
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
-from exo_core.election import Election, ElectionTiming
+from exo_core.election import Election, ElectionTiming, is_majority
 from exo_core.engine import Engine
 from exo_core.eventlog import EventLog
 from exo_core.events import (
@@ -411,7 +411,7 @@ class Node:
         if not self._vote(me).granted:
             return False
         granted = 1
-        members = max([c.members for c in self.election.alive()] + [self._campaign().members])
+        members = self.election.cluster_size(self._campaign())
 
         async def ask(peer: str) -> None:
             nonlocal granted
@@ -426,7 +426,7 @@ class Node:
         async with anyio.create_task_group() as tg:
             for peer in self.transport.peers():
                 tg.start_soon(ask, peer)
-        if granted <= members // 2:
+        if not is_majority(granted, members):
             logger.info(f"term {term}: {granted} of {members} votes, not a majority")
             return False
         return True
