@@ -7,26 +7,22 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 from loguru import logger
 
 from exo_core.config import NodeConfig, default_data_dir
 from exo_core.logs import setup_logging
-from exo_core.plugin_host import PluginHost, load_plugins
-
-_CORE_DESTS = {
-    "api_host", "api_port", "data_dir", "verbose", "quiet", "no_api", "no_worker",
-    "force_master", "namespace", "offline", "bootstrap_peers", "libp2p_port", "listen_host",
-    "no_mdns", "no_auto_place", "disable_plugin", "transport", "command", "func",
-}  # fmt: skip
+from exo_core.plugin_host import Call, PluginHost, load_plugins
 
 
 def _peers(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
 
 
-def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
+def core_parser() -> argparse.ArgumentParser:
+    """The `exo` command line with only the core's own options (plugins add theirs)."""
     parser = argparse.ArgumentParser(
         prog="exo", description="Run an exo node: join this machine to an AI cluster."
     )
@@ -43,20 +39,47 @@ def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
         help="only nodes with the same namespace form a cluster")  # fmt: skip
     add("--offline", action="store_true", help="use only models already on disk")
     add("--bootstrap-peers", type=_peers, default=_peers(os.environ.get("EXO_BOOTSTRAP_PEERS", "")),
-        help="comma-separated multiaddrs of peers to connect to")  # fmt: skip
-    add("--libp2p-port", type=int, default=0, help="fixed port for the node transport (0: any)")
+        help="comma-separated addresses of peers to connect to")  # fmt: skip
     add("--listen-host", default="0.0.0.0", help="address the node transport listens on")
-    add("--no-mdns", action="store_true", help="do not discover peers on the local network")
     add("--no-auto-place", action="store_true",
         help="do not place a model automatically when a request names it")  # fmt: skip
     add("--transport", default="", help="transport plugin to use ('memory': run alone)")
     add("--disable-plugin", action="append", default=[], metavar="NAME",
         help="leave a plugin out (repeatable); see `exo plugins`")  # fmt: skip
-    plugins.hook.exo_add_cli_options(parser=parser)
+    return parser
+
+
+def core_dests() -> set[str]:
+    """The argparse dests of the core's options: every other dest belongs to a plugin."""
+    return {a.dest for a in core_parser()._actions} | {"command", "func"}  # pyright: ignore[reportPrivateUsage]
+
+
+def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
+    parser = core_parser()
+    accepted: list[Call] = []
+    for name, add_options in plugins.implementations("exo_add_cli_options"):
+        # Tried on a fresh parser first: argparse keeps the options added before a conflict.
+        trial = core_parser()
+        for earlier in accepted:
+            earlier(parser=trial)
+        ok, _ = plugins.attempt(
+            name, "exo_add_cli_options", add_options, leave_out=True, parser=trial
+        )
+        if ok:
+            add_options(parser=parser)
+            accepted.append(add_options)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    listing = sub.add_parser("plugins", help="list the plugins that are loaded")
+    listing = sub.add_parser("plugins", help="list the plugins: loaded, disabled and failed")
     listing.set_defaults(func=lambda args: _list_plugins(plugins))
-    plugins.hook.exo_cli_commands(subparsers=sub)
+    for name, add_commands in plugins.implementations("exo_cli_commands"):
+        trial = argparse.ArgumentParser().add_subparsers()
+        for taken in sub.choices:
+            trial.add_parser(taken)
+        ok, _ = plugins.attempt(
+            name, "exo_cli_commands", add_commands, leave_out=True, subparsers=trial
+        )
+        if ok:
+            add_commands(subparsers=sub)
     return parser
 
 
@@ -71,22 +94,25 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         namespace=args.namespace,
         offline=args.offline or os.environ.get("EXO_OFFLINE", "") not in ("", "0"),
         bootstrap_peers=args.bootstrap_peers,
-        libp2p_port=args.libp2p_port,
         listen_host=args.listen_host,
-        mdns=not args.no_mdns,
         auto_place=not args.no_auto_place,
         verbosity=args.verbose - args.quiet,
         disabled_plugins=args.disable_plugin,
         transport=args.transport,
-        plugin_options={k: v for k, v in vars(args).items() if k not in _CORE_DESTS},
+        plugin_options={k: v for k, v in vars(args).items() if k not in core_dests()},
     )
 
 
 def _list_plugins(plugins: PluginHost) -> int:
     for info in plugins.plugins():
         print(f"{info.name:<20} {info.distribution} {info.version}  hooks: {', '.join(info.hooks)}")
+    for name in plugins.disabled:
+        print(f"{name:<20} DISABLED (--disable-plugin)")
     for failure in plugins.failures:
-        print(f"{failure.name:<20} FAILED TO LOAD: {failure.error}")
+        where = "FAILED TO LOAD" if failure.hook == "load" else f"FAILED in {failure.hook}"
+        print(f"{failure.name:<20} {where}: {failure.error}")
+    for warning in plugins.warnings:
+        print(f"warning: {warning}")
     return 0
 
 
@@ -101,16 +127,30 @@ def _disabled_from(argv: Sequence[str]) -> list[str]:
     return [n for n in names if n]
 
 
+def _replay(held: list[Any]) -> None:
+    for message in held:
+        record = message.record
+        logger.opt(exception=record["exception"]).log(record["level"].name, record["message"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # Loading reports plugin failures before logging is set up (the parser needs the plugins):
+    # hold the records, then emit each once where logging goes.
+    held: list[Any] = []
+    logger.remove()
+    holding = logger.add(held.append, level="INFO", format="{message}")
     plugins = load_plugins(disabled=_disabled_from(argv))
     args = build_parser(plugins).parse_args(argv)
+    logger.remove(holding)
     if args.command:
+        logger.add(sys.stderr, level="WARNING")
+        if args.command != "plugins":  # the listing shows them itself
+            _replay(held)
         return int(args.func(args) or 0)
     config = config_from_args(args)
     setup_logging(config.verbosity, config.data_path)
-    for failure in plugins.failures:
-        logger.error(f"plugin {failure.name} was skipped: {failure.error}")
+    _replay(held)
     from exo_core.server import run_node
 
     try:

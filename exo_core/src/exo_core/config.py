@@ -25,9 +25,7 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     namespace: str = "default"
     offline: bool = False
     bootstrap_peers: list[str] = msgspec.field(default_factory=list)
-    libp2p_port: int = 0
     listen_host: str = "0.0.0.0"
-    mdns: bool = True
     auto_place: bool = True
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0

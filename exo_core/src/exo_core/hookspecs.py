@@ -28,11 +28,11 @@ import pluggy
 
 if TYPE_CHECKING:
     from exo_core.config import NodeConfig
+    from exo_core.context import NodeContext
     from exo_core.downloads import Downloader
     from exo_core.engine import Engine
     from exo_core.events import IndexedEvent
     from exo_core.model_cards import ModelCard
-    from exo_core.node import Node as NodeContext
     from exo_core.parsers import ParserFactory
     from exo_core.placement_types import PlacementOption, PlacementRequest
     from exo_core.state import State

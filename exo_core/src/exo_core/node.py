@@ -19,6 +19,7 @@ from loguru import logger
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
+from exo_core.context import Job
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
 from exo_core.election import Election, ElectionTiming, is_majority
@@ -41,8 +42,8 @@ from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
 from exo_core.master import Master
 from exo_core.model_cards import ModelCard, index_cards
 from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
-from exo_core.placement_types import PlacementOption, PlacementRequest
-from exo_core.plugin_host import PluginHost
+from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.plugin_host import PluginHost, describe
 from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
 from exo_core.state import State, TaskStatus
@@ -113,16 +114,16 @@ class Node:
         self.replica = Replica(EventLog(data / "events.log"))
         self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
-        self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
-        self.downloader: Downloader | None = plugins.hook.exo_downloader(
-            config=config, node_id=self.node_id
+        self.engines: list[Engine] = _flatten(plugins.results("exo_engines", config=config))
+        self.downloader: Downloader | None = plugins.first(
+            "exo_downloader", config=config, node_id=self.node_id
         )
         self.builtin_cards = index_cards(
-            card for cards in plugins.hook.exo_model_cards(config=config) for card in cards or []
+            card for cards in plugins.results("exo_model_cards", config=config) for card in cards
         )
         self.parsers: dict[str, ParserFactory] = {}
-        for found in plugins.hook.exo_output_parsers():
-            self.parsers.update(found or {})
+        for found in plugins.results("exo_output_parsers"):
+            self.parsers.update(found)
         self.master: Master | None = None
         self._master_scope: anyio.CancelScope | None = None
         self.election = Election(
@@ -134,7 +135,7 @@ class Node:
             timing=election_timing,
             expect_peers=bool(config.bootstrap_peers),
         )
-        self._priority = sum(p or 0 for p in plugins.hook.exo_election_priority(config=config))
+        self._priority = sum(plugins.results("exo_election_priority", config=config))
         self._catch_up_wanted = anyio.Event()
         self._tg: TaskGroup | None = None
         self.started_at = time.time()
@@ -158,7 +159,7 @@ class Node:
 
     def _make_transport(self, data: Path) -> Transport:
         if self.config.transport != "memory":
-            chosen = self.plugins.hook.exo_transport(config=self.config)
+            chosen = self.plugins.first("exo_transport", config=self.config)
             if chosen is not None:
                 return chosen
             if self.config.transport:
@@ -194,7 +195,19 @@ class Node:
     def _place(
         self, card: ModelCard, request: PlacementRequest, state: State
     ) -> list[PlacementOption]:
-        return self.plugins.hook.exo_place_instance(card=card, request=request, state=state) or []
+        # Called while the node runs: a plugin that raises is logged and the next one (at
+        # last the core's default) places; a refusal is an answer and propagates.
+        return (
+            self.plugins.first(
+                "exo_place_instance",
+                leave_out=False,
+                passthrough=(PlacementRefused,),
+                card=card,
+                request=request,
+                state=state,
+            )
+            or []
+        )
 
     async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
         """Have the master run `command`; waits through elections up to `timeout` seconds."""
@@ -222,11 +235,30 @@ class Node:
             return
         await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
 
-    def spawn(self, job: Callable[[], Coroutine[Any, Any, Any]]) -> None:
-        """Run `job` in the background for as long as the node runs (for plugins' hooks)."""
+    async def run_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        """Send `command`, then wait (up to `timeout` again) until this node has applied its
+        events, so that `state` shows its effect."""
+        result = await self.send_command(command, timeout=timeout)
+        if result.ok and result.last_index >= 0:
+            await self.replica.wait_for(result.last_index, timeout=timeout)
+        return result
+
+    def spawn(self, job: Job) -> None:
+        """Run `job` in the background while the node runs (for plugins' hooks). A job that
+        raises is logged with its plugin's name and dropped: it never stops the node."""
         if self._tg is None:
             raise RuntimeError("the node is not running")
-        self._tg.start_soon(job)
+        self._tg.start_soon(self._supervised, job)
+
+    async def _supervised(self, job: Job) -> None:
+        try:
+            await job()
+        except Exception as e:
+            owner = self.plugins.owner_of(job) or "?"
+            what = getattr(job, "__qualname__", None) or repr(job)
+            logger.opt(exception=e).error(
+                f"plugin {owner}: background job {what} raised {describe(e)}; job dropped"
+            )
 
     # -- running ------------------------------------------------------------------------------
 
@@ -521,10 +553,7 @@ class Node:
                     self.router.fail(task_id, f"the instance was deleted: {reason}")
             case _:
                 pass
-        try:
-            self.plugins.hook.exo_event_applied(event=event, state=state, ctx=self)
-        except Exception:
-            logger.exception("an exo_event_applied hook failed")
+        self.plugins.notify("exo_event_applied", event=event, state=state, ctx=self)
 
 
 def _flatten(results: list[Any]) -> list[Any]:

@@ -9,7 +9,7 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from exo_core.generation import (
+from exo_core.plugin import (
     ChatMessage,
     Chunk,
     ErrorChunk,
@@ -17,9 +17,9 @@ from exo_core.generation import (
     FinishReason,
     GenerationParams,
     SamplingParams,
+    TaskId,
     TextChunk,
 )
-from exo_core.ids import TaskId
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.textstream import TextStream

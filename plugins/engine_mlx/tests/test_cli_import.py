@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exo_core.config import NodeConfig
+from exo_core.plugin import NodeConfig
 from exo_engine_mlx.plugin import exo_model_cards
 
 from .conftest import TinySpec, write_tiny_gguf

@@ -16,8 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason, TextChunk
-from exo_core.state import RunnerStatus
+from exo_core.plugin import Chunk, ErrorChunk, FinishChunk, FinishReason, RunnerStatus, TextChunk
 from exo_engine_mlx.distributed.testing import (
     RunnerGroup,
     final,

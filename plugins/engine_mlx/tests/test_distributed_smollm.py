@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exo_core.generation import FinishChunk
+from exo_core.plugin import FinishChunk
 from exo_engine_mlx.distributed.testing import final, group_specs, running_group, task, text_of
 from exo_engine_mlx.embedded import ensure_embedded_model
 

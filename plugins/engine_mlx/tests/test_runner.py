@@ -9,19 +9,27 @@ from pathlib import Path
 import anyio
 import pytest
 
-from exo_core.engine import RunnerDied, RunnerSpec
-from exo_core.generation import (
+from exo_core.plugin import (
     ChatMessage,
     Chunk,
     ErrorChunk,
     FinishChunk,
     GenerationParams,
+    Instance,
+    InstanceId,
+    ModelCard,
+    ModelId,
+    NodeId,
+    RunnerDied,
+    RunnerId,
+    RunnerSpec,
+    RunnerStatus,
     SamplingParams,
+    ShardAssignment,
+    Task,
+    TaskId,
     TextChunk,
 )
-from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo_core.model_cards import ModelCard
-from exo_core.state import Instance, RunnerStatus, ShardAssignment, Task
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
 from exo_engine_mlx.tiny_model import make_tiny_model

@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exo_core.config import NodeConfig
-from exo_core.testing.harness import free_port
-from exo_core.testing.transport_conformance import inboxes
-from exo_core.transport.base import (
+from exo_core.plugin import (
+    NodeConfig,
     PeerConnected,
     RequestFailed,
     TransportError,
@@ -22,6 +20,8 @@ from exo_core.transport.base import (
     TransportLagged,
     TransportMessage,
 )
+from exo_core.testing.harness import free_port
+from exo_core.testing.transport_conformance import inboxes
 from exo_transport_libp2p import plugin
 from exo_transport_libp2p.testing import libp2p_cluster, make_node, wait_until
 from exo_transport_libp2p.transport import KEY_FILE, Libp2pTransport
@@ -210,7 +210,10 @@ async def test_request_timeout_and_stopped_peer(tmp_path: Path) -> None:
 
 def test_plugin_hook_builds_the_transport(tmp_path: Path) -> None:
     config = NodeConfig(
-        data_dir=str(tmp_path), namespace="n", libp2p_port=0, mdns=False, bootstrap_peers=[]
+        data_dir=str(tmp_path),
+        namespace="n",
+        bootstrap_peers=[],
+        plugin_options={"libp2p_port": 0, "no_mdns": True},
     )
     transport = plugin.exo_transport(config=config)
     assert isinstance(transport, Libp2pTransport)

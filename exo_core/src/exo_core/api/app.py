@@ -16,12 +16,35 @@ from exo_core.node import Node
 
 
 def create_app(node: Node) -> Litestar:
+    contributed = [
+        (name, list(handlers)) for name, handlers in node.plugins.collect("exo_routes", ctx=node)
+    ]
+    try:
+        return _app(node, [NativeController, *(h for _, hs in contributed for h in hs)])
+    except Exception:
+        pass
+    return _app(node, [NativeController, *_accepted_routes(node, contributed)])
+
+
+def _accepted_routes(node: Node, contributed: list[tuple[str, list[Any]]]) -> list[Any]:
+    """The routes of every plugin that Litestar accepts: a plugin with a handler it cannot
+    build, or with a route an earlier plugin has, is reported and left out."""
+    accepted: list[Any] = []
+    for name, mine in contributed:
+        # A trial app with what is accepted so far (Litestar copies handlers on registration).
+        trial = [NativeController, *accepted, *mine]
+        ok, _ = node.plugins.attempt(
+            name, "exo_routes", _app, leave_out=True, node=node, handlers=trial
+        )
+        if ok:
+            accepted.extend(mine)
+    return accepted
+
+
+def _app(node: Node, handlers: list[Any]) -> Litestar:
     service = node.generation
-    contributed: list[Any] = []
-    for handlers in node.plugins.hook.exo_routes(ctx=node):
-        contributed.extend(handlers or [])
     return Litestar(
-        route_handlers=[NativeController, *contributed],
+        route_handlers=handlers,
         dependencies={
             "node": Provide(lambda: node, sync_to_thread=False),
             "generation": Provide(lambda: service, sync_to_thread=False),

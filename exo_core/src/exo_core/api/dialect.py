@@ -41,6 +41,7 @@ from litestar.exceptions import (
     ValidationException,
 )
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import FromPath
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import ExceptionHandlersMap, Method, Receive, Scope, Send
@@ -342,7 +343,7 @@ def dialect_router(
     paths under the `unknown` patterns (relative to `path`) are 404s, and exceptions are
     mapped by `exception_handlers`."""
 
-    async def not_found(request: AnyRequest, rest: str) -> None:
+    async def not_found(request: AnyRequest, rest: FromPath[str]) -> None:
         raise NotFoundException(f"no route {request.method} {request.url.path}")
 
     catch_all = route(list(unknown), http_method=list(HTTP_METHODS), include_in_schema=False)

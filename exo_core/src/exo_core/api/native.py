@@ -7,7 +7,9 @@ from typing import Any, Literal
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException, ValidationException
+from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from exo_core.api.errors import native_error
@@ -16,6 +18,8 @@ from exo_core.ids import InstanceId, ModelId
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
 from exo_core.state import DownloadStatus, Sharding
+
+NodeDep = NamedDependency[Node]
 
 
 class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -45,11 +49,11 @@ class NativeController(Controller):
     tags = ["native"]
 
     @get("/node_id")
-    async def node_id(self, node: Node) -> dict[str, str]:
+    async def node_id(self, node: NodeDep) -> dict[str, str]:
         return {"node_id": node.node_id}
 
     @get("/healthz")
-    async def healthz(self, node: Node) -> dict[str, Any]:
+    async def healthz(self, node: NodeDep) -> dict[str, Any]:
         state = node.state
         return {
             "status": "ok",
@@ -59,16 +63,16 @@ class NativeController(Controller):
         }
 
     @get("/state")
-    async def state(self, node: Node) -> Response[bytes]:
+    async def state(self, node: NodeDep) -> Response[bytes]:
         return Response(msgspec.json.encode(node.state), media_type="application/json")
 
     @get("/state/{path:path}")
-    async def state_path(self, node: Node, path: str) -> Response[bytes]:
+    async def state_path(self, node: NodeDep, path: FromPath[str]) -> Response[bytes]:
         value = _subtree(msgspec.to_builtins(node.state), path)
         return Response(msgspec.json.encode(value), media_type="application/json")
 
     @get("/events")
-    async def events(self, node: Node, since: int = 0) -> ServerSentEvent:
+    async def events(self, node: NodeDep, since: FromQuery[int] = 0) -> ServerSentEvent:
         """Indexed events from `since` on, then live, as server-sent events (id = index)."""
         if since < 0:
             raise ValidationException("since must not be negative")
@@ -91,7 +95,7 @@ class NativeController(Controller):
 
     @get("/models")
     async def models(
-        self, node: Node, status: Literal["downloaded"] | None = None
+        self, node: NodeDep, status: FromQuery[Literal["downloaded"] | None] = None
     ) -> dict[str, Any]:
         state = node.state
         out = []
@@ -108,7 +112,9 @@ class NativeController(Controller):
         return {"models": out}
 
     @post("/instance", status_code=201)
-    async def place_instance(self, node: Node, data: PlaceInstanceBody) -> Response[Any]:
+    async def place_instance(
+        self, node: NodeDep, data: JSONBody[PlaceInstanceBody]
+    ) -> Response[Any]:
         if data.min_nodes < 1:
             raise ValidationException("min_nodes must be at least 1")
         command = PlaceInstance(
@@ -125,7 +131,11 @@ class NativeController(Controller):
 
     @get("/instance/previews")
     async def previews(
-        self, node: Node, model_id: str, sharding: Sharding | None = None, min_nodes: int = 1
+        self,
+        node: NodeDep,
+        model_id: FromQuery[str],
+        sharding: FromQuery[Sharding | None] = None,
+        min_nodes: FromQuery[int] = 1,
     ) -> Response[Any]:
         if node.card(model_id) is None:
             return native_error(404, f"unknown model '{model_id}'")
@@ -154,7 +164,7 @@ class NativeController(Controller):
         return Response({"model_id": model_id, "previews": previews, "refused": None})
 
     @get("/instance/{instance_id:str}")
-    async def get_instance(self, node: Node, instance_id: str) -> Any:
+    async def get_instance(self, node: NodeDep, instance_id: FromPath[str]) -> Any:
         state = node.state
         instance = state.instances.get(InstanceId(instance_id))
         if instance is None:
@@ -167,7 +177,7 @@ class NativeController(Controller):
         return {**msgspec.to_builtins(instance), "runners": runners}
 
     @delete("/instance/{instance_id:str}", status_code=200)
-    async def delete_instance(self, node: Node, instance_id: str) -> Response[Any]:
+    async def delete_instance(self, node: NodeDep, instance_id: FromPath[str]) -> Response[Any]:
         result = await node.send_command(DeleteInstance(instance_id=InstanceId(instance_id)))
         if not result.ok:
             return native_error(result.status, result.message)
@@ -175,8 +185,10 @@ class NativeController(Controller):
         return Response({"instance_id": instance_id, "deleted": True})
 
     @get("/plugins")
-    async def plugins(self, node: Node, request: Request) -> dict[str, Any]:
+    async def plugins(self, node: NodeDep, request: Request) -> dict[str, Any]:
         return {
             "plugins": [msgspec.to_builtins(p) for p in node.plugins.plugins()],
             "failed": [msgspec.to_builtins(f) for f in node.plugins.failures],
+            "disabled": node.plugins.disabled,
+            "warnings": node.plugins.warnings,
         }

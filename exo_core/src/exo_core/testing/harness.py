@@ -74,7 +74,7 @@ def running_node(
     are loaded only when `entry_points` is true."""
     host = load_plugins(entry_points=entry_points)
     for plugin in plugins:
-        host.pm.register(plugin)
+        host.register(plugin)
     port = config.pop("api_port", None) or free_port()
     # Tests stay on loopback: ring addresses come from the listen host.
     config.setdefault("listen_host", "127.0.0.1")
@@ -161,7 +161,7 @@ def running_cluster(
         def start(i: int) -> RunningNode:
             host = load_plugins(entry_points=False)
             for plugin in plugins(i):
-                host.pm.register(plugin)
+                host.register(plugin)
             port = free_port()
             cfg = NodeConfig(
                 data_dir=str(root / f"node{i}"), api_port=port, api=api, transport="memory",

@@ -57,7 +57,7 @@ class SimCluster:
     async def start(self, index: int) -> SimNode:
         host = load_plugins(entry_points=False)
         for plugin in self._plugins(index):
-            host.pm.register(plugin)
+            host.register(plugin)
         config = NodeConfig(
             data_dir=str(self.root / f"node{index}"),
             api=False,

@@ -8,13 +8,19 @@ from litestar import Response, Router, post
 
 from exo_api_claude import translate
 from exo_api_claude.types import CountTokensRequest, MessagesRequest
-from exo_core.api.dialect import AnyRequest, answer, decode_body, dialect_router, sse
-from exo_core.generation import GenerationParams
-from exo_core.service import GenerationService
+from exo_core.plugin import (
+    AnyRequest,
+    GenerationParams,
+    InjectedGeneration,
+    answer,
+    decode_body,
+    dialect_router,
+    sse,
+)
 
 
 @post("/", status_code=200)
-async def create_message(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+async def create_message(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
     chunks = await generation.generate(req.model, params)
@@ -24,7 +30,7 @@ async def create_message(request: AnyRequest, generation: GenerationService) -> 
 
 
 @post("/count_tokens", status_code=200)
-async def count_tokens(request: AnyRequest, generation: GenerationService) -> dict[str, int]:
+async def count_tokens(request: AnyRequest, generation: InjectedGeneration) -> dict[str, int]:
     """An approximation (see `translate.approximate_tokens`): the core exposes no tokenizer."""
     req = decode_body(await request.body(), CountTokensRequest)
     generation.resolve(req.model)

@@ -27,16 +27,19 @@ from exo_api_claude.types import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from exo_core.api.dialect import GenerationFailed, answered, finish_failure
-from exo_core.generation import (
+from exo_core.plugin import (
+    Capability,
     ChatMessage,
     Chunk,
     ContentPart,
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    GenerationFailed,
     GenerationParams,
+    InvalidRequest,
     KeepAliveChunk,
+    ModelCard,
     SamplingParams,
     TextChunk,
     ThinkingChunk,
@@ -44,9 +47,9 @@ from exo_core.generation import (
     ToolCallChunk,
     ToolSpec,
     Usage,
+    answered,
+    finish_failure,
 )
-from exo_core.model_cards import Capability, ModelCard
-from exo_core.service import InvalidRequest
 
 # -- request ---------------------------------------------------------------------------------
 

@@ -12,18 +12,22 @@ from litestar import Response, Router, get, head, post
 
 from exo_api_ollama import translate
 from exo_api_ollama.types import ChatRequest, GenerateRequest, ShowRequest
-from exo_core.api.dialect import (
+from exo_core.plugin import (
     NDJSON_MEDIA_TYPE,
     AnyRequest,
+    Chunk,
+    GenerationService,
+    InjectedGeneration,
+    InjectedNode,
+    InvalidRequest,
+    ModelCard,
+    ModelNotFound,
+    NodeContext,
     answer,
     decode_body,
     dialect_router,
     ndjson,
 )
-from exo_core.generation import Chunk
-from exo_core.model_cards import ModelCard
-from exo_core.node import Node
-from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
 
 PREFIXES = ("/api", "/ollama/api")
 
@@ -42,7 +46,7 @@ def _resolve(generation: GenerationService, name: str) -> ModelCard:
         raise
 
 
-def _modified_at(node: Node) -> str:
+def _modified_at(node: NodeContext) -> str:
     return datetime.fromtimestamp(node.started_at, UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -74,7 +78,7 @@ async def _answer(
 
 
 @post(_paths("/chat"), status_code=200)
-async def chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+async def chat(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), ChatRequest)
     card = _resolve(generation, req.model)
     reply = translate.Reply(req.model, "chat")
@@ -85,7 +89,7 @@ async def chat(request: AnyRequest, generation: GenerationService) -> Response[A
 
 
 @post(_paths("/generate"), status_code=200)
-async def generate(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+async def generate(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), GenerateRequest)
     card = _resolve(generation, req.model)
     reply = translate.Reply(req.model, "generate")
@@ -96,21 +100,23 @@ async def generate(request: AnyRequest, generation: GenerationService) -> Respon
 
 
 @get(_paths("/tags"))
-async def tags(node: Node) -> dict[str, Any]:
+async def tags(node: InjectedNode) -> dict[str, Any]:
     when = _modified_at(node)
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
     return {"models": [translate.model_entry(c, when) for c in cards]}
 
 
 @get(_paths("/ps"))
-async def running(node: Node) -> dict[str, Any]:
+async def running(node: InjectedNode) -> dict[str, Any]:
     ids = sorted({i.model_id for i in node.state.instances.values()})
     cards = [card for card in (node.card(i) for i in ids) if card is not None]
     return {"models": [translate.running_entry(c) for c in cards]}
 
 
 @post(_paths("/show"), status_code=200)
-async def show(request: AnyRequest, node: Node, generation: GenerationService) -> dict[str, Any]:
+async def show(
+    request: AnyRequest, node: InjectedNode, generation: InjectedGeneration
+) -> dict[str, Any]:
     req = decode_body(await request.body(), ShowRequest)
     name = req.model or req.name
     if not name:

@@ -14,16 +14,20 @@ from typing import Any, Literal
 import msgspec
 
 from exo_api_ollama.types import ChatRequest, GenerateRequest, MessageIn, Options, Think, ToolIn
-from exo_core.api.dialect import UNFINISHED, GenerationFailed, finish_failure
-from exo_core.generation import (
+from exo_core.plugin import (
+    UNFINISHED,
+    Capability,
     ChatMessage,
     Chunk,
     ContentPart,
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    GenerationFailed,
     GenerationParams,
+    InvalidRequest,
     KeepAliveChunk,
+    ModelCard,
     SamplingParams,
     TextChunk,
     ThinkingChunk,
@@ -32,9 +36,8 @@ from exo_core.generation import (
     ToolCallChunk,
     ToolSpec,
     Usage,
+    finish_failure,
 )
-from exo_core.model_cards import Capability, ModelCard
-from exo_core.service import InvalidRequest
 
 # The Ollama API level these routes follow (thinking, tool calls with object arguments,
 # tool_name); clients such as Open WebUI read it to decide which features to use.

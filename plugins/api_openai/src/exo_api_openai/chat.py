@@ -23,23 +23,25 @@ from exo_api_openai.types import (
     ToolMessage,
     UserMessage,
 )
-from exo_core.api.dialect import GenerationFailed, answered, finish_failure
-from exo_core.generation import (
+from exo_core.plugin import (
     ChatMessage,
     Chunk,
     ContentPart,
     ErrorChunk,
     FinishChunk,
+    GenerationFailed,
     GenerationParams,
+    InvalidRequest,
     KeepAliveChunk,
+    ModelCard,
     TextChunk,
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
     Usage,
+    answered,
+    finish_failure,
 )
-from exo_core.model_cards import ModelCard
-from exo_core.service import InvalidRequest
 
 # -- request ---------------------------------------------------------------------------------
 

@@ -9,16 +9,17 @@ from typing import Any, TypeVar
 import msgspec
 
 from exo_api_openai.types import ToolChoice, ToolIn
-from exo_core.generation import (
+from exo_core.plugin import (
+    Capability,
     ContentPart,
     GenerationParams,
+    InvalidRequest,
+    ModelCard,
     SamplingParams,
     TokenLogprob,
     ToolSpec,
     Usage,
 )
-from exo_core.model_cards import Capability, ModelCard
-from exo_core.service import InvalidRequest
 
 DEFAULTS = GenerationParams()
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from typing import Any
 from litestar.exceptions import HTTPException
 
 from exo_api_openai.common import error_body
-from exo_core.service import ModelNotFound
+from exo_core.plugin import ModelNotFound
 
 
 def api_error(status: int, message: str, exc: Exception) -> dict[str, Any]:

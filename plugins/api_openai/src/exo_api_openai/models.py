@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exo_core.model_cards import ModelCard
+from exo_core.plugin import ModelCard
 
 
 def model_object(card: ModelCard, created: int) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from exo_api_openai.routes import router
-from exo_core.hookspecs import hookimpl
+from exo_core.plugin import hookimpl
 
 
 @hookimpl

@@ -24,25 +24,27 @@ from exo_api_openai.types import (
     ReasoningItem,
     ResponsesRequest,
 )
-from exo_core.api.dialect import UNFINISHED, GenerationFailed, finish_failure
-from exo_core.generation import (
+from exo_core.plugin import (
+    UNFINISHED,
     ChatMessage,
     Chunk,
     ContentPart,
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    GenerationFailed,
     GenerationParams,
+    InvalidRequest,
     KeepAliveChunk,
+    ModelCard,
     TextChunk,
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
     ToolSpec,
     Usage,
+    finish_failure,
 )
-from exo_core.model_cards import ModelCard
-from exo_core.service import InvalidRequest
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 

@@ -5,18 +5,26 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Response, Router, get, post
+from litestar.params import FromPath
 
 from exo_api_openai import chat, responses
 from exo_api_openai.errors import api_error
 from exo_api_openai.models import model_list, model_object
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
-from exo_core.api.dialect import AnyRequest, answer, decode_body, dialect_router, sse
-from exo_core.node import Node
-from exo_core.service import GenerationService, ModelNotFound
+from exo_core.plugin import (
+    AnyRequest,
+    InjectedGeneration,
+    InjectedNode,
+    ModelNotFound,
+    answer,
+    decode_body,
+    dialect_router,
+    sse,
+)
 
 
 @post("/chat/completions", status_code=200)
-async def chat_completions(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+async def chat_completions(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), ChatCompletionRequest)
     params = chat.to_params(req, generation.resolve(req.model))
     chunks = await generation.generate(req.model, params)
@@ -27,7 +35,7 @@ async def chat_completions(request: AnyRequest, generation: GenerationService) -
 
 
 @post("/responses", status_code=200)
-async def create_response(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+async def create_response(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), ResponsesRequest)
     params = responses.to_params(req, generation.resolve(req.model))
     chunks = await generation.generate(req.model, params)
@@ -40,13 +48,13 @@ async def create_response(request: AnyRequest, generation: GenerationService) ->
 
 
 @get("/models")
-async def list_models(node: Node) -> dict[str, Any]:
+async def list_models(node: InjectedNode) -> dict[str, Any]:
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
     return model_list(cards, int(node.started_at))
 
 
 @get("/models/{model_id:path}")
-async def get_model(node: Node, model_id: str) -> dict[str, Any]:
+async def get_model(node: InjectedNode, model_id: FromPath[str]) -> dict[str, Any]:
     card = node.card(model_id.lstrip("/"))
     if card is None:
         raise ModelNotFound(f"model '{model_id.lstrip('/')}' is not known to this cluster")

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exo_core.ids import ModelId
-from exo_core.model_cards import Capability, ModelCard, load_card_dir
+from exo_core.plugin import Capability, ModelCard, ModelId, load_card_dir
 from exo_download_hf.hub import RemoteFile
 
 SOURCE_PREFIX = "hf:"

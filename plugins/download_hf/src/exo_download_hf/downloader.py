@@ -20,10 +20,15 @@ import anyio
 import anyio.to_thread
 from loguru import logger
 
-from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
-from exo_core.ids import NodeId
-from exo_core.model_cards import ModelCard
-from exo_core.state import DownloadProgress, DownloadStatus
+from exo_core.plugin import (
+    Downloader,
+    DownloadFailed,
+    DownloadProgress,
+    DownloadStatus,
+    ModelCard,
+    NodeId,
+    ProgressReporter,
+)
 from exo_download_hf.cards import WEIGHT_SUFFIX, HubRef, hub_ref
 from exo_download_hf.dirs import BOOKKEEPING, FreeSpace, ModelDirs, disk_free
 from exo_download_hf.hub import (

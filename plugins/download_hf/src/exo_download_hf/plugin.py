@@ -14,12 +14,19 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from loguru import logger
 
-from exo_core.commands import ReportEvents
-from exo_core.events import DownloadDeleted, DownloadProgressed, IndexedEvent
-from exo_core.hookspecs import hookimpl
-from exo_core.ids import NodeId
-from exo_core.model_cards import ModelCard
-from exo_core.state import DownloadProgress, DownloadStatus, State
+from exo_core.plugin import (
+    DownloadDeleted,
+    DownloadProgress,
+    DownloadProgressed,
+    DownloadStatus,
+    IndexedEvent,
+    ModelCard,
+    NodeContext,
+    NodeId,
+    ReportEvents,
+    State,
+    hookimpl,
+)
 from exo_download_hf.cards import HubRef, builtin_cards, ref_for
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
@@ -27,8 +34,7 @@ from exo_download_hf.hub import HubClient
 from exo_download_hf.routes import router
 
 if TYPE_CHECKING:
-    from exo_core.config import NodeConfig
-    from exo_core.node import Node
+    from exo_core.plugin import NodeConfig
 
 
 @hookimpl
@@ -52,7 +58,7 @@ def exo_routes() -> list[Any]:
 
 
 @hookimpl
-def exo_event_applied(event: IndexedEvent, state: State, ctx: Node) -> None:
+def exo_event_applied(event: IndexedEvent, state: State, ctx: NodeContext) -> None:
     downloader = ctx.downloader
     if not isinstance(downloader, HfDownloader):
         return
@@ -83,7 +89,7 @@ def _unmarked_read_only(downloader: HfDownloader, p: DownloadProgress) -> bool:
     )
 
 
-async def _report(node: Node, progress: DownloadProgress) -> None:
+async def _report(node: NodeContext, progress: DownloadProgress) -> None:
     # Jobs run in the node's task group: an exception escaping one would stop the node.
     try:
         await node.send_command(ReportEvents(events=(DownloadProgressed(progress=progress),)))
@@ -92,7 +98,7 @@ async def _report(node: Node, progress: DownloadProgress) -> None:
 
 
 async def _delete_requested(
-    node: Node, downloader: HfDownloader, card: ModelCard | None, ref: HubRef
+    node: NodeContext, downloader: HfDownloader, card: ModelCard | None, ref: HubRef
 ) -> None:
     """Another node asked (through the log) that this node delete a model."""
     try:

@@ -11,12 +11,18 @@ from typing import Annotated, Any
 import anyio.to_thread
 import msgspec
 from litestar import Response, Router, delete, get, post
-from litestar.params import Parameter
+from litestar.params import FromPath, JSONBody, QueryParameter
 
-from exo_core.api.errors import native_error
-from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard
-from exo_core.ids import ModelId, NodeId
-from exo_core.node import Node
+from exo_core.plugin import (
+    AddModelCard,
+    DeleteDownload,
+    InjectedNode,
+    ModelId,
+    NodeContext,
+    NodeId,
+    RemoveModelCard,
+    native_error,
+)
 from exo_download_hf.cards import CardError, card_from_config, ref_for
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient, HubError
@@ -25,26 +31,25 @@ from exo_download_hf.hub import HubClient, HubError
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 # How long an API call waits for its own event to be applied locally, so that the next read
 # (GET /models) already sees it.
-APPLY_TIMEOUT_S = 5.0
 
 
 class AddModelBody(msgspec.Struct, forbid_unknown_fields=True):
     model_id: str
 
 
-def _hub(node: Node) -> HubClient:
+def _hub(node: NodeContext) -> HubClient:
     downloader = node.downloader
     return downloader.hub if isinstance(downloader, HfDownloader) else HubClient()
 
 
-def _offline(node: Node) -> Response[Any] | None:
+def _offline(node: NodeContext) -> Response[Any] | None:
     if node.config.offline:
         return native_error(409, "this node runs with --offline: it does not call the hub")
     return None
 
 
 @post("/models/add", status_code=201)
-async def add_model(node: Node, data: AddModelBody) -> Response[Any]:
+async def add_model(node: InjectedNode, data: JSONBody[AddModelBody]) -> Response[Any]:
     repo_id = data.model_id.strip()
     if not REPO_ID.match(repo_id):
         return native_error(422, f"'{data.model_id}' is not a hub repo id (org/name)")
@@ -68,29 +73,27 @@ async def add_model(node: Node, data: AddModelBody) -> Response[Any]:
         return native_error(e.status, str(e))
     except CardError as e:
         return native_error(422, str(e))
-    result = await node.send_command(AddModelCard(card=card))
+    result = await node.run_command(AddModelCard(card=card))
     if not result.ok:
         return native_error(result.status, result.message)
-    await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
     return Response(msgspec.to_builtins(card), status_code=201)
 
 
 @delete("/models/custom/{model_id:path}", status_code=200)
-async def remove_model(node: Node, model_id: str) -> Response[Any]:
+async def remove_model(node: InjectedNode, model_id: FromPath[str]) -> Response[Any]:
     model_id = model_id.strip("/")
-    result = await node.send_command(RemoveModelCard(model_id=ModelId(model_id)))
+    result = await node.run_command(RemoveModelCard(model_id=ModelId(model_id)))
     if not result.ok:
         return native_error(result.status, result.message)
-    await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
     return Response({"model_id": model_id, "deleted": True})
 
 
 @get("/models/search")
 async def search_models(
-    node: Node,
+    node: InjectedNode,
     # `query` is a name Litestar reserves (the whole query string), hence the alias.
-    text: Annotated[str, Parameter(query="query")] = "",
-    limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
+    text: Annotated[str, QueryParameter(name="query")] = "",
+    limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
 ) -> Response[Any]:
     if (refused := _offline(node)) is not None:
         return refused
@@ -116,7 +119,9 @@ async def search_models(
 
 
 @delete("/download/{node_id:str}/{model_id:path}", status_code=200)
-async def delete_download(node: Node, node_id: str, model_id: str) -> Response[Any]:
+async def delete_download(
+    node: InjectedNode, node_id: FromPath[str], model_id: FromPath[str]
+) -> Response[Any]:
     model_id = model_id.strip("/")
     state = node.state
     if node_id not in state.nodes and node_id != node.node_id:
@@ -139,10 +144,9 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
             return _read_only(model_id, copy.path, node_id)
         # That node deletes its files when it applies the event (see the plugin's
         # exo_event_applied); a read-only copy it had not reported yet, it keeps and reports.
-        result = await node.send_command(command)
+        result = await node.run_command(command)
         if not result.ok:
             return native_error(result.status, result.message)
-        await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
         body = {"node_id": node_id, "model_id": model_id, "deleted": False, "requested": True}
         return Response(body, status_code=202)
     downloader = node.downloader
@@ -158,9 +162,7 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
     reported = NodeId(node_id) in state.downloads and model_id in state.downloads[NodeId(node_id)]
     if not deleted and not reported:
         return native_error(404, f"{model_id} is not downloaded on {node_id}")
-    result = await node.send_command(command)
-    if result.ok:
-        await node.replica.wait_for(result.last_index, timeout=APPLY_TIMEOUT_S)
+    await node.run_command(command)
     return Response({"node_id": node_id, "model_id": model_id, "deleted": deleted})
 
 

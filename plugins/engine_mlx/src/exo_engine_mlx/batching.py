@@ -16,18 +16,18 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
-from exo_core.generation import (
+from exo_core.plugin import (
     Chunk,
     ErrorChunk,
     FinishChunk,
     FinishReason,
     GenerationParams,
+    TaskId,
     TextChunk,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
-from exo_core.ids import TaskId
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, prompt_tokens
 from exo_engine_mlx.sampling import make_processors, make_sampler

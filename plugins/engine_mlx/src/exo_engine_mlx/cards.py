@@ -11,8 +11,7 @@ from pathlib import Path
 import msgspec
 from loguru import logger
 
-from exo_core.ids import ModelId
-from exo_core.model_cards import Capability, ModelCard
+from exo_core.plugin import Capability, ModelCard, ModelId
 
 EMBEDDED_MODEL_ID = ModelId("SmolLM2-135M-Instruct")
 CARD_FILE = "exo-card.json"

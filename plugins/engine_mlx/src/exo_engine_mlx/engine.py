@@ -7,8 +7,7 @@ from pathlib import Path
 
 import anyio
 
-from exo_core.engine import Engine, Runner, RunnerSpec
-from exo_core.model_cards import ModelCard, ModelTask
+from exo_core.plugin import Engine, ModelCard, ModelTask, Runner, RunnerSpec
 from exo_engine_mlx.blas import runner_env
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner

@@ -6,10 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from exo_core.config import NodeConfig
-from exo_core.engine import Engine
-from exo_core.hookspecs import hookimpl
-from exo_core.model_cards import ModelCard
+from exo_core.plugin import Engine, ModelCard, NodeConfig, hookimpl
 
 
 @hookimpl

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exo_core.generation import ChatMessage, GenerationParams
+from exo_core.plugin import ChatMessage, GenerationParams
 
 
 class PromptError(ValueError):

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from exo_core.engine import RunnerSpec
-from exo_core.generation import Chunk, GenerationParams
-from exo_core.ids import TaskId
-from exo_core.state import RunnerStatus
+from exo_core.plugin import Chunk, GenerationParams, RunnerSpec, RunnerStatus, TaskId
 
 
 class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True):

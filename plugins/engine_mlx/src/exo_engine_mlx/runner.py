@@ -18,10 +18,18 @@ import anyio
 from anyio.streams.memory import MemoryObjectSendStream
 from loguru import logger
 
-from exo_core.engine import Runner, RunnerDied, RunnerSpec, StatusReporter
-from exo_core.generation import Chunk, ErrorChunk, FinishChunk
-from exo_core.ids import TaskId
-from exo_core.state import RunnerStatus, Task
+from exo_core.plugin import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    Runner,
+    RunnerDied,
+    RunnerSpec,
+    RunnerStatus,
+    StatusReporter,
+    Task,
+    TaskId,
+)
 from exo_engine_mlx.distributed.group import group_env, ring_addresses
 from exo_engine_mlx.protocol import (
     Cancel,

@@ -20,10 +20,16 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from exo_core.engine import RunnerSpec
-from exo_core.generation import ChatMessage, Chunk, ErrorChunk, GenerationParams, SamplingParams
-from exo_core.ids import TaskId
-from exo_core.state import RunnerStatus
+from exo_core.plugin import (
+    ChatMessage,
+    Chunk,
+    ErrorChunk,
+    GenerationParams,
+    RunnerSpec,
+    RunnerStatus,
+    SamplingParams,
+    TaskId,
+)
 from exo_engine_mlx.protocol import (
     Cancel,
     ChunkOut,

@@ -12,7 +12,7 @@ from mlx_lm.sample_utils import (
     make_repetition_penalty,
 )
 
-from exo_core.generation import SamplingParams
+from exo_core.plugin import SamplingParams
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from exo_core.config import NodeConfig
-from exo_core.hookspecs import hookimpl
-from exo_core.transport.base import Transport
+import argparse
+
+from exo_core.plugin import NodeConfig, Transport, hookimpl
 from exo_transport_libp2p.transport import Libp2pTransport
 
 # The names under which `config.transport` selects this plugin's transport.
 NAMES = frozenset({"libp2p", "transport_libp2p"})
+
+
+@hookimpl
+def exo_add_cli_options(parser: argparse.ArgumentParser) -> None:
+    """The transport's own options; they reach `exo_transport` in `config.plugin_options`."""
+    parser.add_argument(
+        "--libp2p-port", type=int, default=0, help="fixed port for the libp2p transport (0: any)"
+    )
+    parser.add_argument(
+        "--no-mdns", action="store_true", help="do not discover peers on the local network"
+    )
 
 
 @hookimpl
@@ -20,7 +31,7 @@ def exo_transport(config: NodeConfig) -> Transport | None:
         data_dir=config.data_path,
         namespace=config.namespace,
         listen_host=config.listen_host,
-        port=config.libp2p_port,
+        port=int(config.plugin_options.get("libp2p_port", 0)),
         bootstrap_peers=config.bootstrap_peers,
-        mdns=config.mdns,
+        mdns=not config.plugin_options.get("no_mdns", False),
     )

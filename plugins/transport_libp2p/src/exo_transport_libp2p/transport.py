@@ -32,7 +32,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from exo_core.transport.base import (
+from exo_core.plugin import (
     PayloadTooLarge,
     PeerConnected,
     PeerDisconnected,

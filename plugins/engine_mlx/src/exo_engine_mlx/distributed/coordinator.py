@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import msgspec
 
-from exo_core.generation import (
+from exo_core.plugin import (
     Chunk,
     ErrorChunk,
     FinishChunk,
     FinishReason,
     GenerationParams,
+    TaskId,
 )
-from exo_core.ids import TaskId
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.distributed.plan import Join, StepPlan, share_plan
 from exo_engine_mlx.distributed.watchdog import Watchdog

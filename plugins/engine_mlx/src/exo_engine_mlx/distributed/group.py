@@ -17,8 +17,7 @@ from typing import IO
 
 import mlx.core as mx
 
-from exo_core.engine import RunnerSpec
-from exo_core.state import Instance
+from exo_core.plugin import Instance, RunnerSpec
 
 # Exit status of a runner whose group did not form in time (faulthandler's own).
 CONNECT_TIMEOUT_EXIT = 1

@@ -16,8 +16,7 @@ import msgspec
 import numpy as np
 from mlx_lm.generate import generation_stream
 
-from exo_core.generation import GenerationParams
-from exo_core.ids import TaskId
+from exo_core.plugin import GenerationParams, TaskId
 
 # The first exchange of every step carries up to this many bytes; longer plans take a second.
 HEAD_BYTES = 1024

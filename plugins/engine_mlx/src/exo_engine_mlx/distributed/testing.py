@@ -21,20 +21,29 @@ from typing import Any
 import anyio
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from exo_core.engine import RunnerDied, RunnerSpec
-from exo_core.generation import (
+from exo_core.plugin import (
     ChatMessage,
     Chunk,
     ErrorChunk,
     FinishChunk,
     GenerationParams,
+    Instance,
+    InstanceId,
+    ModelCard,
+    ModelId,
+    NodeId,
+    RunnerDied,
+    RunnerId,
+    RunnerSpec,
+    RunnerStatus,
     SamplingParams,
+    ShardAssignment,
+    Sharding,
+    Task,
+    TaskId,
     TextChunk,
+    split_layers,
 )
-from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
-from exo_core.model_cards import ModelCard
-from exo_core.placement import split_layers
-from exo_core.state import Instance, RunnerStatus, ShardAssignment, Sharding, Task
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
 

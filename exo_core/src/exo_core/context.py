@@ -1,0 +1,73 @@
+"""What a plugin sees of the node it runs in: `NodeContext`, a deliberately narrow protocol.
+
+Hooks receive it as `ctx`, route handlers as the injected `node`. The node implements it; tests
+may pass any object with these members. Anything not listed here is the core's business and may
+change without notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from exo_core.commands import Command, CommandResult
+    from exo_core.config import NodeConfig
+    from exo_core.downloads import Downloader
+    from exo_core.ids import ModelId, NodeId
+    from exo_core.model_cards import ModelCard
+    from exo_core.state import State
+
+Job = Callable[[], Coroutine[Any, Any, Any]]
+"""A background job: an async function taking no arguments (bind them with functools.partial)."""
+
+
+# runtime_checkable: Litestar checks an injected value against the handler's annotation.
+@runtime_checkable
+class NodeContext(Protocol):
+    @property
+    def node_id(self) -> NodeId:
+        """This node's id (stable across restarts)."""
+        ...
+
+    @property
+    def config(self) -> NodeConfig:
+        """The node's configuration; options plugins added are in `config.plugin_options`."""
+        ...
+
+    @property
+    def state(self) -> State:
+        """The cluster state as this node has applied it (frozen; replaced on every event)."""
+        ...
+
+    @property
+    def started_at(self) -> float:
+        """When this node started (seconds since the epoch)."""
+        ...
+
+    @property
+    def downloader(self) -> Downloader | None:
+        """The downloader a plugin provided, if any."""
+        ...
+
+    def card(self, model_id: str) -> ModelCard | None:
+        """The model card for `model_id`: a custom card from state, else a built-in card."""
+        ...
+
+    def cards(self) -> dict[ModelId, ModelCard]:
+        """Every model card this node knows."""
+        ...
+
+    async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        """Have the master run `command`; waits through elections up to `timeout` seconds."""
+        ...
+
+    async def run_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        """Like `send_command`, then wait (up to `timeout` again) until this node has applied
+        the command's events, so that `state` shows their effect."""
+        ...
+
+    def spawn(self, job: Job) -> None:
+        """Run `job` in the background while the node runs. A job that raises is logged with
+        the plugin's name and dropped; it never stops the node."""
+        ...

@@ -1,0 +1,224 @@
+"""The plugin API: everything a plugin needs, from this one module.
+
+    from exo_core.plugin import InjectedNode, hookimpl
+
+Every other `exo_core` module is the core's own business and may change in any release; what
+this module exports changes only with `API_VERSION`. A plugin depends on the exo-core versions
+that carry the API major version it was written for (see docs/plugins.md):
+
+    dependencies = ["exo-core>=0.1,<0.2"]
+
+and may check `API_VERSION` at import time. Tests use `exo_core.testing` as well.
+"""
+
+from __future__ import annotations
+
+from litestar.di import NamedDependency
+
+from exo_core.api.dialect import (
+    NDJSON_MEDIA_TYPE,
+    UNFINISHED,
+    AnyRequest,
+    GenerationFailed,
+    Renderer,
+    answer,
+    answered,
+    decode_body,
+    dialect_router,
+    finish_failure,
+    ndjson,
+    sse,
+)
+from exo_core.api.errors import native_error
+from exo_core.commands import (
+    AddModelCard,
+    CancelTask,
+    Command,
+    CommandResult,
+    DeleteDownload,
+    DeleteInstance,
+    PlaceInstance,
+    RemoveModelCard,
+    ReportEvents,
+)
+from exo_core.config import NodeConfig
+from exo_core.context import Job, NodeContext
+from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
+from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec, StatusReporter
+from exo_core.events import (
+    DownloadDeleted,
+    DownloadProgressed,
+    Event,
+    IndexedEvent,
+    InstanceCreated,
+    InstanceDeleted,
+)
+from exo_core.generation import (
+    ChatMessage,
+    Chunk,
+    ContentPart,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    GenerationParams,
+    KeepAliveChunk,
+    SamplingParams,
+    TextChunk,
+    ThinkingChunk,
+    TokenLogprob,
+    ToolCall,
+    ToolCallChunk,
+    ToolSpec,
+    TopLogprob,
+    Usage,
+)
+from exo_core.hookspecs import hookimpl
+from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId, new_id
+from exo_core.model_cards import Capability, ModelCard, ModelTask, load_card_dir
+from exo_core.parsers import OutputParser, ParserFactory
+from exo_core.placement import split_layers
+from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.service import (
+    GenerationError,
+    GenerationService,
+    InvalidRequest,
+    ModelNotFound,
+    NoInstance,
+)
+from exo_core.state import (
+    DownloadProgress,
+    DownloadStatus,
+    Instance,
+    RunnerStatus,
+    ShardAssignment,
+    Sharding,
+    State,
+    Task,
+    TaskStatus,
+)
+from exo_core.transport.base import (
+    PayloadTooLarge,
+    PeerConnected,
+    PeerDisconnected,
+    RequestFailed,
+    RequestHandler,
+    Transport,
+    TransportError,
+    TransportEvent,
+    TransportLagged,
+    TransportMessage,
+)
+
+API_VERSION = "1.0"
+"""major.minor: the minor grows when something is added, the major when something changes."""
+
+InjectedNode = NamedDependency[NodeContext]
+"""Annotate a route handler's `node` parameter with this to receive the node's context."""
+
+InjectedGeneration = NamedDependency[GenerationService]
+"""Annotate a route handler's `generation` parameter with this to receive the generation
+service (model id and `GenerationParams` in, chunks out)."""
+
+__all__ = [
+    "API_VERSION",
+    "NDJSON_MEDIA_TYPE",
+    "UNFINISHED",
+    "AddModelCard",
+    "AnyRequest",
+    "CancelTask",
+    "Capability",
+    "ChatMessage",
+    "Chunk",
+    "Command",
+    "CommandId",
+    "CommandResult",
+    "ContentPart",
+    "DeleteDownload",
+    "DeleteInstance",
+    "DownloadDeleted",
+    "DownloadFailed",
+    "DownloadProgress",
+    "DownloadProgressed",
+    "DownloadStatus",
+    "Downloader",
+    "Engine",
+    "ErrorChunk",
+    "Event",
+    "FinishChunk",
+    "FinishReason",
+    "GenerationError",
+    "GenerationFailed",
+    "GenerationParams",
+    "GenerationService",
+    "IndexedEvent",
+    "InjectedGeneration",
+    "InjectedNode",
+    "Instance",
+    "InstanceCreated",
+    "InstanceDeleted",
+    "InstanceId",
+    "InvalidRequest",
+    "Job",
+    "KeepAliveChunk",
+    "ModelCard",
+    "ModelId",
+    "ModelNotFound",
+    "ModelTask",
+    "NoInstance",
+    "NodeConfig",
+    "NodeContext",
+    "NodeId",
+    "OutputParser",
+    "ParserFactory",
+    "PayloadTooLarge",
+    "PeerConnected",
+    "PeerDisconnected",
+    "PlaceInstance",
+    "PlacementOption",
+    "PlacementRefused",
+    "PlacementRequest",
+    "ProgressReporter",
+    "RemoveModelCard",
+    "Renderer",
+    "ReportEvents",
+    "RequestFailed",
+    "RequestHandler",
+    "Runner",
+    "RunnerDied",
+    "RunnerId",
+    "RunnerSpec",
+    "RunnerStatus",
+    "SamplingParams",
+    "ShardAssignment",
+    "Sharding",
+    "State",
+    "StatusReporter",
+    "Task",
+    "TaskId",
+    "TaskStatus",
+    "TextChunk",
+    "ThinkingChunk",
+    "TokenLogprob",
+    "ToolCall",
+    "ToolCallChunk",
+    "ToolSpec",
+    "TopLogprob",
+    "Transport",
+    "TransportError",
+    "TransportEvent",
+    "TransportLagged",
+    "TransportMessage",
+    "Usage",
+    "answer",
+    "answered",
+    "decode_body",
+    "dialect_router",
+    "finish_failure",
+    "hookimpl",
+    "load_card_dir",
+    "native_error",
+    "ndjson",
+    "new_id",
+    "split_layers",
+    "sse",
+]
