@@ -256,9 +256,8 @@ class Node:
         except Exception as e:
             owner = self.plugins.owner_of(job) or "?"
             what = getattr(job, "__qualname__", None) or repr(job)
-            logger.opt(exception=e).error(
-                f"plugin {owner}: background job {what} raised {describe(e)}; job dropped"
-            )
+            logger.error(f"plugin {owner}: background job {what} raised {describe(e)}; dropped")
+            logger.opt(exception=e).debug(f"plugin {owner}: where {what} raised")
 
     # -- running ------------------------------------------------------------------------------
 

@@ -84,6 +84,9 @@ class PluginHost:
         """The plugin whose package defines `fn` (for naming a failed background job)."""
         while isinstance(fn, functools.partial):
             fn = fn.func
+        owner = getattr(fn, "__self__", None)  # a bound method of a plugin object
+        if owner is not None and self.pm.is_registered(owner):
+            return self.name_of(owner)
         module = getattr(fn, "__module__", None) or ""
         top = module.split(".")[0]
         for _, plugin in self.pm.list_name_plugin():
@@ -178,10 +181,12 @@ class PluginHost:
     def fail(self, name: str, hook: str, exc: BaseException, *, leave_out: bool) -> None:
         """Report a plugin's failure in one log line naming it, and leave it out if asked."""
         cause = describe(exc)
+        logger.error(
+            f"plugin {name}: {hook} raised {cause}" + ("; plugin left out" if leave_out else "")
+        )
+        logger.opt(exception=exc).debug(f"plugin {name}: where {hook} raised")
         if not leave_out:
-            logger.opt(exception=exc).error(f"plugin {name}: {hook} raised {cause}")
             return
-        logger.opt(exception=exc).error(f"plugin {name}: {hook} raised {cause}; plugin left out")
         self.failures.append(PluginFailure(name=name, error=cause, hook=hook))
         plugin = self.pm.get_plugin(name)
         if plugin is None:  # registered without a name
@@ -200,32 +205,27 @@ class PluginHost:
             shown = name or getattr(plugin, "__name__", None) or type(plugin).__name__
             logger.error(f"plugin {shown} failed to register and is skipped: {describe(e)}")
             self.failures.append(PluginFailure(name=shown, error=describe(e)))
+            return
+        self.check_hook_names(plugin)
 
     # -- checks ---------------------------------------------------------------------------------
 
-    def check_hook_names(self) -> None:
-        """Report implementations of hooks that do not exist (a misspelled name), and `exo_`
-        functions that lack the `@hookimpl` marker."""
-        known = hook_names()
-        for hook, caller in vars(self.pm.hook).items():
-            if not isinstance(caller, pluggy.HookCaller) or caller.has_spec():
+    def check_hook_names(self, plugin: object) -> None:
+        """Report `plugin`'s implementations of hooks that do not exist (a misspelled name),
+        and its `exo_` functions that lack the `@hookimpl` marker: both are never called."""
+        name = self.name_of(plugin)
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            if not caller.has_spec():
+                self.warn(f"plugin {name}: {_unknown(caller.name, hook_names())}")
+        owner = getattr(plugin, "__name__", None) if inspect.ismodule(plugin) else None
+        for attr in dir(plugin):
+            value = getattr(plugin, attr, None)
+            if not attr.startswith("exo_") or not callable(value):
                 continue
-            for impl in caller.get_hookimpls():
-                self.warn(f"plugin {self.name_of(impl.plugin)}: {_unknown(hook, known)}")
-        for _, plugin in self.pm.list_name_plugin():
-            if plugin is None or not inspect.ismodule(plugin):
-                continue
-            for attr, value in vars(plugin).items():
-                if (
-                    attr.startswith("exo_")
-                    and inspect.isfunction(value)
-                    and value.__module__ == plugin.__name__
-                    and self.pm.parse_hookimpl_opts(plugin, attr) is None
-                ):
-                    self.warn(
-                        f"plugin {self.name_of(plugin)}: {attr} is not marked @hookimpl and is "
-                        "never called"
-                    )
+            if owner is not None and getattr(value, "__module__", None) != owner:
+                continue  # imported into the module, not defined there
+            if self.pm.parse_hookimpl_opts(plugin, attr) is None:
+                self.warn(f"plugin {name}: {attr} is not marked @hookimpl and is never called")
 
     def warn(self, message: str) -> None:
         logger.warning(message)
@@ -281,5 +281,7 @@ def load_plugins(disabled: Iterable[str] = (), entry_points: bool = True) -> Plu
         if name not in names and name not in core:
             known = ", ".join(names) or "none"
             host.warn(f"--disable-plugin {name}: no plugin has that name (installed: {known})")
-    host.check_hook_names()
+    for name, plugin in pm.list_name_plugin():
+        if plugin is not None and name not in core:
+            host.check_hook_names(plugin)
     return host

@@ -1,0 +1,256 @@
+"""The plugin contract, in process: the public API is all built-in plugins use, and a plugin
+that raises in any hook is named once and left out while the node keeps starting and serving."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from litestar import get
+from litestar.exceptions import LitestarWarning
+from loguru import logger
+
+import exo_core.plugin as api
+from exo_core.api.app import create_app
+from exo_core.cli import build_parser, core_dests
+from exo_core.config import NodeConfig
+from exo_core.node import Node
+from exo_core.plugin import NodeContext, hookimpl
+from exo_core.plugin_host import PluginHost, load_plugins
+from exo_core.testing import ScriptedEnginePlugin, running_node, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLIC = "exo_core.plugin"
+
+
+def _test_support(path: Path) -> bool:
+    return "tests" in path.parts or path.stem in ("testing", "conftest") or path.stem == "support"
+
+
+def _private_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    allowed = [PUBLIC, "exo_core.testing"] if _test_support(path) else [PUBLIC]
+    bad = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        for name in names:
+            if name.split(".")[0] != "exo_core":
+                continue
+            if not any(name == a or name.startswith(a + ".") for a in allowed):
+                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    return bad
+
+
+def test_plugins_import_only_the_public_plugin_api() -> None:
+    """Every plugin under plugins/ (those added later included) uses `exo_core.plugin`; its tests
+    and test helpers may also use `exo_core.testing`."""
+    files = [p for p in (ROOT / "plugins").rglob("*.py") if ".venv" not in p.parts]
+    assert len(files) > 20
+    bad = [line for path in files for line in _private_imports(path)]
+    assert bad == []
+
+
+def test_the_check_catches_a_private_import(tmp_path: Path) -> None:
+    module = ROOT / "plugins" / "_probe_private_import.py"
+    module.write_text("from exo_core.node import Node\nfrom exo_core.plugin import hookimpl\n")
+    try:
+        assert _private_imports(module) == [
+            "plugins/_probe_private_import.py:1 imports exo_core.node"
+        ]
+    finally:
+        module.unlink()
+
+
+def test_the_public_module_exports_what_it_lists() -> None:
+    assert all(hasattr(api, name) for name in api.__all__)
+    major, minor = api.API_VERSION.split(".")
+    assert major.isdigit() and minor.isdigit()
+    for needed in ("hookimpl", "NodeContext", "Engine", "Runner", "RunnerSpec", "ModelCard"):
+        assert needed in api.__all__
+
+
+def test_routes_of_every_installed_plugin_build_without_litestar_deprecations(
+    tmp_path: Path,
+) -> None:
+    node = Node(NodeConfig(data_dir=str(tmp_path), transport="memory"), load_plugins())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        create_app(node)
+    litestar = [w for w in caught if issubclass(w.category, (LitestarWarning, DeprecationWarning))]
+    assert [str(w.message) for w in litestar] == []
+    assert isinstance(node, NodeContext)
+
+
+# -- a raising plugin is named once and left out ------------------------------------------------
+
+
+@get("/good")
+async def good_route(node: api.InjectedNode) -> dict[str, str]:
+    return {"node": node.node_id}
+
+
+@get("/good")
+async def same_route_again() -> dict[str, str]:
+    return {}
+
+
+@get("/unannotated")
+async def unannotated(node) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    return {}
+
+
+def _raising(hook: str) -> Any:
+    def fail(*_: Any) -> Any:
+        raise RuntimeError(f"{hook} broke on purpose")
+
+    return hookimpl(specname=hook)(fail)
+
+
+class _Plugin:
+    __name__ = "?"
+
+
+def _plugin(name: str, **hooks: Any) -> object:
+    methods = {hook: staticmethod(fn) for hook, fn in hooks.items()}
+    return type(name, (_Plugin,), {"__name__": name, **methods})()
+
+
+BAD_AT_START = {
+    "bad_engines": "exo_engines",
+    "bad_cards": "exo_model_cards",
+    "bad_parsers": "exo_output_parsers",
+    "bad_priority": "exo_election_priority",
+    "bad_downloader": "exo_downloader",
+    "bad_transport": "exo_transport",
+    "bad_routes": "exo_routes",
+}
+
+
+@pytest.fixture
+def log() -> Iterator[list[str]]:
+    lines: list[str] = []
+    sink = logger.add(
+        lambda m: lines.append(str(m).rstrip("\n")), level="WARNING", format="{message}"
+    )
+    yield lines
+    logger.remove(sink)
+
+
+def _named(lines: list[str], name: str) -> list[str]:
+    return [line for line in lines if line.startswith(f"plugin {name}:")]
+
+
+def test_a_plugin_raising_in_any_startup_hook_is_named_once_and_left_out(
+    tmp_path: Path, log: list[str]
+) -> None:
+    host = load_plugins(entry_points=False)
+    for name, hook in BAD_AT_START.items():
+        host.register(_plugin(name, **{hook: _raising(hook)}), name=name)
+    # Called in reverse order of registration: "good" claims /good before "dup" does.
+    host.register(_plugin("dup", exo_routes=hookimpl(lambda: [same_route_again])), name="dup")
+    host.register(_plugin("good", exo_routes=hookimpl(lambda: [good_route])), name="good")
+    host.register(_plugin("untyped", exo_routes=hookimpl(lambda: [unannotated])), name="untyped")
+    host.register(ScriptedEnginePlugin(), name="scripted")
+    node = Node(NodeConfig(data_dir=str(tmp_path), transport=""), host)
+    app = create_app(node)
+    paths = {route.path for route in app.routes}
+    assert "/good" in paths and "/unannotated" not in paths
+    assert [e.name for e in node.engines] == ["scripted"]
+    left_out = {f.name: f.hook for f in host.failures}
+    assert left_out == {**BAD_AT_START, "dup": "exo_routes", "untyped": "exo_routes"}
+    for name, hook in BAD_AT_START.items():
+        (line,) = _named(log, name)
+        assert f"{hook} raised RuntimeError: {hook} broke on purpose" in line
+        assert host.pm.get_plugin(name) is None
+    (line,) = _named(log, "untyped")
+    assert "'node' does not have a type annotation" in line
+
+
+class _Observers:
+    def __init__(self) -> None:
+        self.seen = 0
+
+    @hookimpl(tryfirst=True)
+    def exo_event_applied(self, ctx: NodeContext) -> None:
+        raise RuntimeError("observer broke on purpose")
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.seen = 0
+        self.jobs = 0
+
+    @hookimpl(trylast=True)
+    def exo_event_applied(self, ctx: NodeContext) -> None:
+        self.seen += 1
+        if self.seen == 1:
+            ctx.spawn(self.failing_job)
+
+    async def failing_job(self) -> None:
+        self.jobs += 1
+        raise RuntimeError("job broke on purpose")
+
+
+def test_a_raising_observer_or_job_never_stops_the_others_or_the_node(
+    tmp_path: Path, log: list[str]
+) -> None:
+    counter = _Counter()
+    with running_node(tmp_path, plugins=[_Observers(), counter]) as running:
+        running.call(wait_until, lambda: counter.jobs == 1 and counter.seen >= 2)
+        assert httpx.get(f"{running.url}/healthz").json()["status"] == "ok"
+    raised = [line for line in log if "observer broke on purpose" in line]
+    assert raised and all(
+        line.startswith("plugin _Observers: exo_event_applied") for line in raised
+    )
+    (job,) = [line for line in log if "job broke on purpose" in line]
+    assert job.startswith("plugin _Counter: background job _Counter.failing_job raised")
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def _host(*plugins: tuple[str, object]) -> PluginHost:
+    host = load_plugins(entry_points=False)
+    for name, plugin in plugins:
+        host.register(plugin, name=name)
+    return host
+
+
+def test_cli_option_conflicts_and_misspelled_hooks_are_reported(log: list[str]) -> None:
+    def takes_api_port(parser: Any) -> None:
+        parser.add_argument("--fine-before-the-conflict")
+        parser.add_argument("--api-port")
+
+    def adds_one(parser: Any) -> None:
+        parser.add_argument("--my-option", default="x")
+
+    host = _host(
+        ("clash", _plugin("clash", exo_add_cli_options=hookimpl(takes_api_port))),
+        ("mine", _plugin("mine", exo_add_cli_options=hookimpl(adds_one))),
+        ("typo", _plugin("typo", exo_rutes=hookimpl(lambda: []))),
+        ("unmarked", _plugin("unmarked", exo_routes=lambda: [])),
+    )
+    args = build_parser(host).parse_args(["--my-option", "y"])
+    assert args.my_option == "y" and not hasattr(args, "fine_before_the_conflict")
+    assert [(f.name, f.hook) for f in host.failures] == [("clash", "exo_add_cli_options")]
+    assert "--api-port" in _named(log, "clash")[0]
+    assert "unknown hook exo_rutes (did you mean exo_routes?)" in _named(log, "typo")[0]
+    assert "exo_routes is not marked @hookimpl" in _named(log, "unmarked")[0]
+    assert "my_option" not in core_dests() and "api_port" in core_dests()
+
+
+def test_an_unknown_disable_plugin_name_is_reported() -> None:
+    host = load_plugins(disabled=["api_openai", "no_such_plugin"])
+    assert host.disabled == ["api_openai"]
+    assert any(
+        "--disable-plugin no_such_plugin: no plugin has that name" in w for w in host.warnings
+    )
