@@ -23,6 +23,9 @@ class PlaceInstance(_Command, frozen=True, kw_only=True):
     sharding: Sharding = "pipeline"
     min_nodes: int = 1
     instance_id: InstanceId | None = None
+    # The sender's card, for a master that does not know the model (a card from a plugin
+    # only some nodes have); the master's own card wins.
+    card: ModelCard | None = None
 
 
 class DeleteInstance(_Command, frozen=True, kw_only=True):

@@ -138,7 +138,7 @@ def build_instance(state: State, option: PlacementOption, instance_id: InstanceI
 def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
     match command:
         case PlaceInstance():
-            card = ctx.card(command.model_id)
+            card = ctx.card(command.model_id) or command.card
             if card is None:
                 raise CommandRefused(404, f"unknown model '{command.model_id}'")
             if command.instance_id in state.instances:

@@ -506,13 +506,24 @@ class Node:
                 ctx = MasterContext(card=self.card, place=self._place)
                 await master.commit(decide_node_timeout(self.state, node_id, ctx))
 
+    def servable(self) -> tuple[ModelId, ...]:
+        """The known models that some local engine can serve (placement asks telemetry)."""
+        return tuple(
+            sorted(
+                m for m, card in self.cards().items() if any(_serves(e, card) for e in self.engines)
+            )
+        )
+
     # -- telemetry ----------------------------------------------------------------------------
 
     async def _telemetry_loop(self) -> None:
         engines = tuple(sorted({e.name for e in self.engines if e.name}))
         addresses = local_addresses(self.config.listen_host)
         while True:
-            resources = gather_resources(self.config.data_dir, engines if self.worker else ())
+            serves = self.servable() if self.worker else ()
+            resources = gather_resources(
+                self.config.data_dir, engines if self.worker else (), serves
+            )
             report = ReportEvents(
                 events=(
                     NodeTelemetry(
@@ -553,6 +564,14 @@ class Node:
             case _:
                 pass
         self.plugins.notify("exo_event_applied", event=event, state=state, ctx=self)
+
+
+def _serves(engine: Engine, card: ModelCard) -> bool:
+    try:
+        return engine.can_serve(card)
+    except Exception as e:  # an engine plugin's bug: it serves nothing it fails on
+        logger.debug(f"engine {engine.name}: can_serve({card.model_id}) raised {describe(e)}")
+        return False
 
 
 def _flatten(results: list[Any]) -> list[Any]:

@@ -167,13 +167,22 @@ class _Refusals:
         return "; ".join(parts) or "no placement fits"
 
 
+def can_serve(node: NodeInfo, card: ModelCard) -> bool:
+    """Whether `node`'s engines can serve `card`, as its telemetry says."""
+    serves = node.resources.serves
+    return bool(node.resources.engines) and (serves is None or card.model_id in serves)
+
+
 def place(card: ModelCard, request: PlacementRequest, state: State) -> list[PlacementOption]:
     """Every valid placement, best first. Raises `PlacementRefused` naming what failed."""
-    nodes = sorted(
-        (n for n in state.nodes.values() if n.resources.engines), key=lambda n: n.node_id
-    )
-    if not nodes:
+    with_engine = [n for n in state.nodes.values() if n.resources.engines]
+    if not with_engine:
         raise PlacementRefused("no node with an inference engine is in the cluster")
+    nodes = sorted((n for n in with_engine if can_serve(n, card)), key=lambda n: n.node_id)
+    if not nodes:
+        raise PlacementRefused(
+            f"no node in the cluster has an engine that can serve {card.model_id}"
+        )
     if request.min_nodes > len(nodes):
         raise PlacementRefused(
             f"min_nodes={request.min_nodes} but the cluster has {len(nodes)} node(s) "

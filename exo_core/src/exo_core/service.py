@@ -96,7 +96,7 @@ class GenerationService:
                     f"model '{card.model_id}' has no running instance; "
                     "place one with POST /instance (auto-placement is off)"
                 )
-            result = await self._node.send_command(PlaceInstance(model_id=card.model_id))
+            result = await self._node.send_command(PlaceInstance(model_id=card.model_id, card=card))
             if not result.ok or result.instance_id is None:
                 raise NoInstance(f"could not place '{card.model_id}': {result.message}")
             await self._node.replica.wait_for(result.last_index, timeout=10)

@@ -21,6 +21,9 @@ class NodeResources(msgspec.Struct, frozen=True, kw_only=True):
     disk_available: int = 0
     os: str = ""
     engines: tuple[str, ...] = ()
+    # The models (of the cards this node knows) its engines can serve; None: not reported,
+    # then any node with an engine is a candidate.
+    serves: tuple[ModelId, ...] | None = None
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):

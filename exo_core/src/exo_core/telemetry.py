@@ -7,10 +7,13 @@ import socket
 
 import psutil
 
+from exo_core.ids import ModelId
 from exo_core.state import NodeResources
 
 
-def gather_resources(disk_path: str, engines: tuple[str, ...]) -> NodeResources:
+def gather_resources(
+    disk_path: str, engines: tuple[str, ...], serves: tuple[ModelId, ...] | None = None
+) -> NodeResources:
     memory = psutil.virtual_memory()
     try:
         disk = psutil.disk_usage(disk_path)
@@ -26,6 +29,7 @@ def gather_resources(disk_path: str, engines: tuple[str, ...]) -> NodeResources:
         disk_available=disk_free,
         os=f"{platform.system()} {platform.release()}",
         engines=engines,
+        serves=serves,
     )
 
 

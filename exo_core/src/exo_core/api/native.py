@@ -118,7 +118,10 @@ class NativeController(Controller):
         if data.min_nodes < 1:
             raise ValidationException("min_nodes must be at least 1")
         command = PlaceInstance(
-            model_id=ModelId(data.model_id), sharding=data.sharding, min_nodes=data.min_nodes
+            model_id=ModelId(data.model_id),
+            sharding=data.sharding,
+            min_nodes=data.min_nodes,
+            card=node.card(data.model_id),
         )
         result = await node.send_command(command)
         if not result.ok or result.instance_id is None:
