@@ -35,10 +35,12 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     model_id: ModelId
     family: str
-    n_layers: int
-    hidden_size: int
+    # Transformer shape, for splitting a model over nodes. A model that is not split (an
+    # engine with no layers to speak of) keeps the defaults: one layer, not tensor parallel.
+    n_layers: int = 1
+    hidden_size: int = 0
     num_key_value_heads: int | None = None
-    storage_size_bytes: int
+    storage_size_bytes: int = 0
     quantization: str = "none"
     base_model: str = ""
     supports_tensor: bool = False

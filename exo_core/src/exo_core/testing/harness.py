@@ -7,6 +7,7 @@ with running_node(tmp_path, plugins=[ScriptedEnginePlugin()]) as node:
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import socket
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 from exo_core.config import NodeConfig
 from exo_core.election import ElectionTiming
 from exo_core.node import Node
-from exo_core.plugin_host import load_plugins
+from exo_core.plugin_host import ENTRY_POINT_GROUP, PluginHost, load_plugins
 from exo_core.server import serve_api
 from exo_core.transport.base import Transport
 from exo_core.transport.memory import MemoryNetwork
@@ -65,16 +66,20 @@ def running_node(
     plugins: list[object] = (),  # type: ignore[assignment]
     *,
     entry_points: bool = False,
+    dialects: bool = True,
     transport: Transport | None = None,
     election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.2),
     wait_ready: bool = True,
     **config: Any,
 ) -> Iterator[RunningNode]:
-    """A node with its API, in a thread. Plugins are registered objects; entry-point plugins
-    are loaded only when `entry_points` is true."""
+    """A node with its API, in a thread. Plugins are registered objects; every entry-point
+    plugin is loaded only when `entry_points` is true, the installed API dialects (plugins
+    that only add routes) unless `dialects` is false."""
     host = load_plugins(entry_points=entry_points)
     for plugin in plugins:
         host.register(plugin)
+    if dialects and not entry_points:
+        add_installed_dialects(host)
     port = config.pop("api_port", None) or free_port()
     # Tests stay on loopback: ring addresses come from the listen host.
     config.setdefault("listen_host", "127.0.0.1")
@@ -147,11 +152,13 @@ def running_cluster(
     network: MemoryNetwork | None = None,
     election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.3),
     api: bool = True,
+    dialects: bool = True,
     **config: Any,
 ) -> Iterator[RunningCluster]:
     """`count` nodes with APIs, on one event loop, over one in-memory network.
 
-    `plugins(i)` gives the plugin objects of node i."""
+    `plugins(i)` gives the plugin objects of node i; the installed API dialects are added
+    unless `dialects` is false."""
     network = network or MemoryNetwork()
     # Tests stay on loopback: ring addresses come from the listen host.
     config.setdefault("listen_host", "127.0.0.1")
@@ -162,6 +169,8 @@ def running_cluster(
             host = load_plugins(entry_points=False)
             for plugin in plugins(i):
                 host.register(plugin)
+            if dialects:
+                add_installed_dialects(host)
             port = free_port()
             cfg = NodeConfig(
                 data_dir=str(root / f"node{i}"), api_port=port, api=api, transport="memory",
@@ -184,6 +193,19 @@ def running_cluster(
             for n in running:
                 with contextlib.suppress(BaseException):
                     n.future.exception(timeout=10)
+
+
+def add_installed_dialects(host: PluginHost) -> None:
+    """Register the installed plugins whose only hook is `exo_routes` (the API dialects), unless
+    the same module is registered already."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            module = ep.load()
+        except Exception:  # reported by `load_plugins` where it matters; not a dialect here
+            continue
+        hooks = {n for n in dir(module) if host.pm.parse_hookimpl_opts(module, n) is not None}
+        if hooks == {"exo_routes"} and not host.pm.is_registered(module):
+            host.register(module, name=ep.name)
 
 
 async def _make_node(
