@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 from loguru import logger
 
+from exo_core import scaffold
 from exo_core.config import NodeConfig, default_data_dir
 from exo_core.logs import setup_logging
 from exo_core.plugin_host import Call, PluginHost, load_plugins
@@ -71,6 +72,7 @@ def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     listing = sub.add_parser("plugins", help="list the plugins: loaded, disabled and failed")
     listing.set_defaults(func=lambda args: _list_plugins(plugins))
+    scaffold.add_command(sub)
     for name, add_commands in plugins.implementations("exo_cli_commands"):
         trial = argparse.ArgumentParser().add_subparsers()
         for taken in sub.choices:
