@@ -15,7 +15,7 @@ from loguru import logger
 from exo_core import scaffold
 from exo_core.config import NodeConfig, default_data_dir
 from exo_core.logs import setup_logging
-from exo_core.plugin_host import Call, PluginHost, load_plugins
+from exo_core.plugin_host import Call, PluginHost, describe, load_plugins
 
 
 def _peers(value: str) -> list[str]:
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     except Exception as e:
-        logger.error(f"exo stopped: {e}")
+        logger.opt(exception=e).error(f"exo stopped: {describe(e)}")
         return 1
     return 0
 

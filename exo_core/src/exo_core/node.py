@@ -114,15 +114,17 @@ class Node:
         self.replica = Replica(EventLog(data / "events.log"))
         self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
-        self.engines: list[Engine] = _flatten(plugins.results("exo_engines", config=config))
+        engines = plugins.collect("exo_engines", config=config)
         self.downloader: Downloader | None = plugins.first(
             "exo_downloader", config=config, node_id=self.node_id
         )
-        self.builtin_cards = index_cards(
-            card for cards in plugins.results("exo_model_cards", config=config) for card in cards
-        )
+        cards = plugins.collect("exo_model_cards", config=config)
+        parsers = plugins.collect("exo_output_parsers")
+        # A plugin left out by a later hook takes back what its earlier hooks gave.
+        self.engines: list[Engine] = _flatten(plugins.kept(engines))
+        self.builtin_cards = index_cards(c for found in plugins.kept(cards) for c in found)
         self.parsers: dict[str, ParserFactory] = {}
-        for found in plugins.results("exo_output_parsers"):
+        for found in plugins.kept(parsers):
             self.parsers.update(found)
         self.master: Master | None = None
         self._master_scope: anyio.CancelScope | None = None

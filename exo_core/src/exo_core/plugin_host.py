@@ -147,7 +147,12 @@ class PluginHost:
         return results
 
     def results(self, hook: str, **kwargs: Any) -> list[Any]:
-        return [result for _, result in self.collect(hook, **kwargs)]
+        return self.kept(self.collect(hook, **kwargs))
+
+    def kept(self, collected: list[tuple[str, Any]]) -> list[Any]:
+        """The results of plugins not left out (since, by a later hook)."""
+        gone = {f.name for f in self.failures}
+        return [result for name, result in collected if name not in gone]
 
     def first(
         self,
