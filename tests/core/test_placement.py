@@ -6,7 +6,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exo_core.decide import RING_PORT_BASE, RING_PORT_SPAN, build_instance, ring_host, ring_ports
+from exo_core.commands import PlaceInstance
+from exo_core.decide import (
+    RING_PORT_BASE,
+    RING_PORT_SPAN,
+    CommandRefused,
+    MasterContext,
+    build_instance,
+    decide,
+    ring_host,
+    ring_ports,
+)
+from exo_core.events import InstanceCreated
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.model_cards import ModelCard
 from exo_core.placement import place, replacement_options, split_layers
@@ -146,6 +157,34 @@ def test_nodes_without_an_engine_are_not_used() -> None:
     assert all("a" not in nodes_of(o) for o in options)
     with pytest.raises(PlacementRefused, match="no node with an inference engine"):
         place(SMOLLM, request(), state(node("a", 8, ())))
+
+
+def serving(name: str, free_gb: float, serves: tuple[str, ...]) -> NodeInfo:
+    resources = NodeResources(
+        memory_available=int(free_gb * GB),
+        engines=("mlx",),
+        serves=tuple(ModelId(m) for m in serves),
+    )
+    return NodeInfo(node_id=NodeId(name), addresses=("127.0.0.1",), resources=resources)
+
+
+def test_only_nodes_whose_engines_serve_the_card_are_used() -> None:
+    nodes = state(serving("a", 8, ("other",)), serving("b", 8, ("smollm",)), node("c", 1))
+    options = place(SMOLLM, request(), nodes)
+    assert {tuple(nodes_of(o)) for o in options} == {("b",), ("b", "c")}  # c did not report
+    with pytest.raises(PlacementRefused, match="no node in the cluster has an engine that can"):
+        place(SMOLLM, request(), state(serving("a", 8, ("other",))))
+
+
+def test_a_master_without_the_card_places_with_the_card_the_request_carries() -> None:
+    nodes = state(serving("a", 8, ("smollm",)))
+    ctx = MasterContext(card=lambda m: None, place=place)
+    with pytest.raises(CommandRefused, match="unknown model"):
+        decide(nodes, PlaceInstance(model_id=SMOLLM.model_id), ctx)
+    decision = decide(nodes, PlaceInstance(model_id=SMOLLM.model_id, card=SMOLLM), ctx)
+    (created,) = decision.events
+    assert isinstance(created, InstanceCreated)
+    assert [s.node_id for s in created.instance.shards] == ["a"]
 
 
 # -- tensor divisibility ----------------------------------------------------------------------

@@ -225,26 +225,25 @@ def _environ() -> dict[str, str]:
 def test_echo_instances_go_only_to_the_node_with_the_echo_engine(
     site: Site, tmp_path: Path
 ) -> None:
-    """Node 1 has the echo plugin disabled and is master: it lacks the card too, so the card
-    travels with the placement request sent to node 0."""
-    extra = [[], ["--disable-plugin", "echo", "--force-master"]]
-    with exo_processes(tmp_path, 2, extra_args=extra, env=site.env()) as (with_echo, without):
+    """Node 1 has the echo plugin disabled: no engine for the card, nor the card. When it is the
+    master, the card travels with the placement request (unit-tested in test_placement)."""
+    extra = [[], ["--disable-plugin", "echo"]]
+    with exo_processes(tmp_path, 2, extra_args=extra, env=site.env()) as (with_echo, _without):
 
-        def both_report_and_node_1_leads() -> bool:
-            state = _get(with_echo, "/state")
-            nodes, master = state.get("nodes") or {}, state.get("master")
+        def both_report() -> bool:
+            nodes = _get(with_echo, "/state").get("nodes") or {}
             return (
                 isinstance(nodes, dict)
                 and len(nodes) == 2
                 and all(n["resources"]["serves"] is not None for n in nodes.values())
-                and isinstance(master, dict)
-                and master["node_id"] == _get(without, "/node_id").get("node_id")
             )
 
-        wait_until(both_report_and_node_1_leads, timeout=90)
+        wait_until(both_report, timeout=90)
         echo_id = _get(with_echo, "/node_id")["node_id"]
-        master = _get(with_echo, "/state")["master"]
-        assert isinstance(master, dict) and master["node_id"] != echo_id
+        serves = {
+            i: n["resources"]["serves"] for i, n in _get(with_echo, "/state")["nodes"].items()
+        }
+        assert "echo" in serves.pop(echo_id) and all("echo" not in s for s in serves.values())
         placed = httpx.post(f"{with_echo.url}/instance", json={"model_id": "echo"}, timeout=30)
         assert placed.status_code == 201, placed.text
         instance = _get(with_echo, f"/instance/{placed.json()['instance_id']}")
@@ -253,3 +252,4 @@ def test_echo_instances_go_only_to_the_node_with_the_echo_engine(
             f"{with_echo.url}/instance", json={"model_id": "echo", "min_nodes": 2}, timeout=30
         )
         assert two.status_code == 409, two.text
+        assert "can serve" in two.text or "min_nodes=2" in two.text

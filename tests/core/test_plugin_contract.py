@@ -9,13 +9,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 from litestar import get
 from litestar.exceptions import LitestarWarning
 from loguru import logger
 
 import exo_core.plugin as api
+from exo_core import worker
 from exo_core.api.app import create_app
 from exo_core.cli import build_parser, core_dests
 from exo_core.config import NodeConfig
@@ -254,3 +257,25 @@ def test_an_unknown_disable_plugin_name_is_reported() -> None:
     assert any(
         "--disable-plugin no_such_plugin: no plugin has that name" in w for w in host.warnings
     )
+
+
+# -- a runner's failure reaches the client -------------------------------------------------------
+
+
+def test_a_runner_that_fails_to_load_answers_a_5xx_with_its_reason_in_each_dialect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker, "BACKOFF_BASE_S", 0.05)
+    with running_node(tmp_path, [ScriptedEnginePlugin(fail_load=True)]) as node:
+        openai_client = openai.OpenAI(base_url=f"{node.url}/v1", api_key="-", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as got:
+            openai_client.chat.completions.create(
+                model="scripted-echo", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert "scripted load failure" in got.value.message
+        claude = anthropic.Anthropic(base_url=node.url, api_key="-", max_retries=0)
+        with pytest.raises(anthropic.InternalServerError) as failed:
+            claude.messages.create(
+                model="scripted-echo", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
+            )
+        assert "scripted load failure" in failed.value.message

@@ -156,9 +156,13 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
         case DeleteInstance():
             if command.instance_id not in state.instances:
                 raise CommandRefused(404, f"unknown instance '{command.instance_id}'")
+            # Failed, with the reason (such as the runner's last error): the callers' dialects
+            # answer a 5xx that says what failed.
             events: list[Event] = [
                 TaskStatusChanged(
-                    task_id=t.task_id, status=TaskStatus.CANCELLED, error="instance deleted"
+                    task_id=t.task_id,
+                    status=TaskStatus.FAILED,
+                    error=f"the instance was deleted: {command.reason}",
                 )
                 for t in state.tasks.values()
                 if t.instance_id == command.instance_id
