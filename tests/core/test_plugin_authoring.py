@@ -247,7 +247,7 @@ def test_echo_instances_go_only_to_the_node_with_the_echo_engine(
         placed = httpx.post(f"{with_echo.url}/instance", json={"model_id": "echo"}, timeout=30)
         assert placed.status_code == 201, placed.text
         instance = _get(with_echo, f"/instance/{placed.json()['instance_id']}")
-        assert [s["node_id"] for s in instance["shares"]] == [echo_id], json.dumps(instance)
+        assert [s["node_id"] for s in instance["shards"]] == [echo_id], json.dumps(instance)
         two = httpx.post(
             f"{with_echo.url}/instance", json={"model_id": "echo", "min_nodes": 2}, timeout=30
         )

@@ -24,6 +24,7 @@ import anyio
 from exo_core.engine import Engine, Runner, RunnerSpec, StatusReporter
 from exo_core.generation import (
     Chunk,
+    ErrorChunk,
     FinishChunk,
     FinishReason,
     GenerationParams,
@@ -105,6 +106,9 @@ class ScriptedRunner(Runner):
         await self._stop.wait()
 
     async def generate(self, task: Task) -> AsyncIterator[Chunk]:
+        if self._stop.is_set():
+            yield ErrorChunk(task_id=task.task_id, message="the runner is stopped")
+            return
         text = script(self.spec.card, task.params)
         pieces = tokens(text)
         limit = task.params.max_tokens
