@@ -110,8 +110,10 @@ def _package(name: str, code: str) -> dict[str, str]:
 
 
 class Site:
-    def __init__(self, path: Path, bad: dict[str, str]) -> None:
+    def __init__(self, path: Path, bad: dict[str, str], scaffolded: list[Path]) -> None:
         self.path = path
+        #: the packages `exo new-plugin` wrote
+        self.scaffolded = scaffolded
         #: plugin name -> the hook it raises in ("load" for an import failure)
         self.bad = bad
 
@@ -138,12 +140,13 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
         bad[name] = hook
     sources.append(write(root / "bad_import", _package("bad_import", "raise ImportError('no')\n")))
     bad["bad_import"] = "load"
-    for name, kind in SCAFFOLDED.items():
-        sources.append(write_plugin(name, kind, root))
+    scaffolded = [write_plugin(name, kind, root) for name, kind in SCAFFOLDED.items()]
+    scaffolded.append(write_plugin("np_transport", "transport", root))
+    sources += scaffolded
     target = root / "site"
     command = ["uv", "pip", "install", "--quiet", "--no-deps", "--target", str(target)]
     subprocess.run([*command, *map(str, sources)], check=True, timeout=600)
-    return Site(target, bad)
+    return Site(target, bad, scaffolded)
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +216,21 @@ def test_exo_plugins_shows_failed_and_disabled_plugins(site: Site) -> None:
     assert re.search(r"^audit\s+DISABLED", out.stdout, re.M)
     assert re.search(r"^bad_import\s+FAILED TO LOAD: ImportError: no$", out.stdout, re.M)
     assert re.search(r"^bad_add_cli_options\s+FAILED in exo_add_cli_options: ", out.stdout, re.M)
+
+
+@pytest.mark.slow
+def test_the_tests_exo_new_plugin_writes_pass_against_the_installed_packages(site: Site) -> None:
+    tests = [str(root / "tests") for root in site.scaffolded]
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        env={**_environ(), **site.env()},
+        cwd=site.path.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout[-3000:]
+    assert re.search(r"\b5 passed\b", out.stdout), out.stdout[-500:]
 
 
 def _environ() -> dict[str, str]:

@@ -82,6 +82,7 @@ import anyio
 from exo_core.plugin import (
     Chunk,
     Engine,
+    ErrorChunk,
     FinishChunk,
     FinishReason,
     ModelCard,
@@ -112,6 +113,9 @@ class EchoRunner(Runner):
         await self._stopped.wait()
 
     async def generate(self, task: Task) -> AsyncIterator[Chunk]:
+        if self._stopped.is_set():
+            yield ErrorChunk(task_id=task.task_id, message="the runner is stopped")
+            return
         user = [m.text() for m in task.params.messages if m.role == "user"]
         words = (user[-1] if user else task.params.prompt or "").split()
         limit = task.params.max_tokens or len(words)
@@ -161,9 +165,18 @@ ENGINE_TEST = """\
 from pathlib import Path
 
 import httpx
+import pytest
 
 from exo_$name import plugin
 from exo_core.testing import running_node
+from exo_core.testing.engine_conformance import *  # noqa: F403
+from exo_core.testing.engine_conformance import EngineCase
+
+
+@pytest.fixture
+def engine_case(tmp_path: Path) -> EngineCase:
+    # For the engine conformance suite imported above.
+    return EngineCase(engine=plugin.EchoEngine(), card=plugin.CARD, model_path=tmp_path)
 
 
 def test_the_engine_answers_through_an_api_dialect(tmp_path: Path) -> None:
