@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import anyio
 import httpx
 import openai
 import pytest
@@ -23,9 +24,9 @@ from exo_core.api.app import create_app
 from exo_core.cli import build_parser, core_dests
 from exo_core.config import NodeConfig
 from exo_core.node import Node
-from exo_core.plugin import NodeContext, hookimpl
+from exo_core.plugin import NodeContext, Runner, RunnerSpec, RunnerStatus, StatusReporter, hookimpl
 from exo_core.plugin_host import PluginHost, load_plugins
-from exo_core.testing import ScriptedEnginePlugin, running_node, wait_until
+from exo_core.testing import ScriptedEngine, ScriptedEnginePlugin, running_node, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = "exo_core.plugin"
@@ -279,3 +280,33 @@ def test_a_runner_that_fails_to_load_answers_a_5xx_with_its_reason_in_each_diale
                 model="scripted-echo", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
             )
         assert "scripted load failure" in failed.value.message
+
+
+class _NeverReady(ScriptedEngine):
+    name = "never"
+
+    def create_runner(self, spec: RunnerSpec) -> Runner:
+        runner = super().create_runner(spec)
+
+        async def serve(report: StatusReporter) -> None:
+            report(RunnerStatus.LOADING, None)
+            await anyio.sleep_forever()
+
+        runner.serve = serve  # type: ignore[method-assign]
+        return runner
+
+
+def test_a_runner_that_never_becomes_ready_fails_the_request_after_a_bounded_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, log: list[str]
+) -> None:
+    monkeypatch.setattr(worker, "READY_TIMEOUT_S", 2.0)
+    plugin = ScriptedEnginePlugin()
+    plugin.engine = _NeverReady()
+    with running_node(tmp_path, [plugin]) as node:
+        client = openai.OpenAI(base_url=f"{node.url}/v1", api_key="-", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as got:
+            client.chat.completions.create(
+                model="scripted-echo", messages=[{"role": "user", "content": "hi"}]
+            )
+    assert "did not become ready within 2 s (it is loading)" in got.value.message
+    assert any("did not become ready" in line for line in log)

@@ -8,6 +8,7 @@ exponential backoff; after `MAX_FAILURES` in a row the instance is deleted.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -37,6 +38,9 @@ from exo_core.state import (
 )
 
 MAX_FAILURES = 3
+# How long a task waits for its runner to become READY (downloads not counted) before it fails
+# with the runner's status, instead of hanging its caller.
+READY_TIMEOUT_S = float(os.environ.get("EXO_RUNNER_READY_TIMEOUT_S", "900"))
 BACKOFF_BASE_S = 2.0
 BACKOFF_CAP_S = 30.0
 
@@ -333,7 +337,7 @@ class Worker:
         final: Chunk | None = None
         try:
             with scope:
-                await local.ready.wait()
+                await self._wait_ready(local)
                 runner = local.runner
                 if runner is None:
                     raise RunnerDied("the runner is not running")
@@ -363,6 +367,21 @@ class Worker:
         else:
             status, error = TaskStatus.COMPLETE, None
         self.report(TaskStatusChanged(task_id=task.task_id, status=status, error=error))
+
+    async def _wait_ready(self, local: _Local) -> None:
+        waited = 0.0
+        while not local.ready.is_set():
+            with anyio.move_on_after(1.0):
+                await local.ready.wait()  # re-read each time: a status change replaces it
+            if local.status != RunnerStatus.DOWNLOADING:
+                waited += 1.0
+            if waited >= READY_TIMEOUT_S and not local.ready.is_set():
+                message = (
+                    f"runner {local.shard.runner_id} did not become ready within "
+                    f"{READY_TIMEOUT_S:.0f} s (it is {local.status})"
+                )
+                logger.error(message)
+                raise RunnerDied(message)
 
     async def _safe_send(self, node: NodeId, chunk: Chunk) -> None:
         try:
