@@ -7,6 +7,7 @@ sharding) runs for real. The output head is untied: a random tied model only rep
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlx.core as mx
@@ -26,7 +27,17 @@ CORPUS = [
 ] * 10
 
 
-def _tokenizer(out: Path, vocab_size: int) -> int:
+def make_tiny_tokenizer(
+    out: Path,
+    *,
+    vocab_size: int = 400,
+    special_tokens: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+    corpus: Sequence[str] = (),
+) -> int:
+    """Write a byte-level BPE `tokenizer.json` and `tokenizer_config.json` into `out`, with
+    `special_tokens` added after the base ones (a family's think and tool-call markers) and
+    its chat template. Returns the vocabulary size."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -39,11 +50,11 @@ def _tokenizer(out: Path, vocab_size: int) -> int:
     tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL,
+        special_tokens=[*SPECIAL, *special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator([*CORPUS, *corpus], trainer)
     tok.save(str(out / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -51,7 +62,7 @@ def _tokenizer(out: Path, vocab_size: int) -> int:
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "unk_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "model_max_length": 2048,
         "clean_up_tokenization_spaces": False,
     }
@@ -74,7 +85,7 @@ def make_tiny_model(
     from mlx_lm.models import llama
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = _tokenizer(out, vocab_size)
+    vocab = make_tiny_tokenizer(out, vocab_size=vocab_size)
     config = {
         "model_type": "llama",
         "hidden_size": hidden,
