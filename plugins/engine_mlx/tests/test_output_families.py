@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001  (DeepSeek's markers are fullwidth characters by design)
 """Each family's thinking and tool calls, parsed on the runner's side from its tokenizer.
 
 Every case is a tokenizer with the family's real markers (as special tokens) and a chat
@@ -26,7 +27,7 @@ from exo_core.generation import (
     ToolSpec,
 )
 from exo_core.ids import TaskId
-from exo_engine_mlx.output import family_parser, opens_thinking
+from exo_engine_mlx.output import family_parser, opens_thinking, tool_format
 from exo_engine_mlx.prompt import render
 from exo_engine_mlx.textstream import TextStream
 from exo_engine_mlx.tiny_model import make_tiny_tokenizer
@@ -194,6 +195,41 @@ FAMILIES = [
         "<longcat_arg_value>1</longcat_arg_value></longcat_tool_call>",
     ),
     Family(
+        "deepseek v3.1",
+        "deepseek_v3",
+        (
+            "<think>",
+            "</think>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+        ),
+        "<｜tool▁calls▁begin｜>",
+        THINK + "Checking both."
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+        '{"city": "Paris", "days": 2}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather'
+        '<｜tool▁sep｜>{"city": "Rome", "days": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>',
+    ),
+    Family(
+        "deepseek v3.2 (DSML)",
+        "deepseek_v32",
+        ("<think>", "</think>"),
+        "<｜DSML｜function_calls>",
+        THINK + "Checking both.\n\n"
+        "<｜DSML｜function_calls>\n"
+        '<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n"
+        '<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">1</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n"
+        "</｜DSML｜function_calls>",
+    ),
+    Family(
         "deepseek-r1 style (template opens the think block)",
         "json_tools",
         ("<think>", "</think>", "<tool_call>", "</tool_call>"),
@@ -254,7 +290,8 @@ def joined(chunks: list[Chunk], kind: type) -> str:
 
 def test_mlx_lm_reads_the_family_from_its_tokenizer(family: Any) -> None:
     spec, tokenizer = family
-    assert tokenizer.tool_parser.__module__ == f"mlx_lm.tool_parsers.{spec.parser}"
+    found = tool_format(tokenizer)
+    assert found is not None and found.name == spec.parser
 
 
 def test_thinking_text_and_every_call_come_out_structured(family: Any) -> None:

@@ -2,9 +2,9 @@
 
 mlx-lm's tokenizer wrapper knows each family's think markers (`<think>`, `<longcat_think>`,
 Gemma's `<|channel>thought`, ...) and its tool-call format (`tool_parsers/`: JSON, Qwen3-Coder
-XML, GLM, Kimi K2, MiniMax, Mistral, pythonic, ...). The runner parses with them on its own
-side, so the dialects receive thinking and tool-call chunks for every family whose tokenizer
-mlx-lm understands, with no per-family code here.
+XML, GLM, Kimi K2, MiniMax, Mistral, pythonic, ...); DeepSeek's formats, which it lacks, are
+in `tool_formats.py`. The runner parses with them on its own side, so the dialects receive
+thinking and tool-call chunks for every family whose tokenizer names its format.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from exo_core.parsers import (
     tool_call,
 )
 from exo_engine_mlx.prompt import template_tools
-
-ToolParse = Callable[[str, Any], Any]
-"""mlx-lm's `parse_tool_call(text, tools)`: a dict (name, arguments, maybe id) or a list."""
+from exo_engine_mlx.tool_formats import ToolFormat, find_format
 
 
 def opens_thinking(prompt: str, think_start: str, think_end: str) -> bool:
@@ -37,7 +35,9 @@ def opens_thinking(prompt: str, think_start: str, think_end: str) -> bool:
     return think_end not in rest and not rest.strip()
 
 
-def tool_reader(parse: ToolParse, tools: list[dict[str, Any]]) -> Callable[[str], list[ToolCall]]:
+def tool_reader(
+    parse: Callable[[str, Any], Any], tools: list[dict[str, Any]]
+) -> Callable[[str], list[ToolCall]]:
     """Adapts an mlx-lm tool parser to the core's block reader."""
 
     def read(text: str) -> list[ToolCall]:
@@ -56,6 +56,16 @@ def tool_reader(parse: ToolParse, tools: list[dict[str, Any]]) -> Callable[[str]
     return read
 
 
+def tool_format(tokenizer: Any) -> ToolFormat | None:
+    """The family's tool-call format: mlx-lm's parser when it found one, else ours."""
+    parse = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    if parse is not None and isinstance(start, str) and start:
+        name = str(getattr(parse, "__module__", "")).rsplit(".", 1)[-1]
+        return ToolFormat(name, start, getattr(tokenizer, "tool_call_end", None) or "", parse)
+    return find_format(tokenizer)
+
+
 def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> OutputParser | None:
     """The parser for one sequence: the family's thinking, then its tool calls (only when the
     request offered tools, so a model's literal tags are otherwise left as text)."""
@@ -65,11 +75,9 @@ def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> Outp
     if isinstance(start, str) and isinstance(end, str) and start and end:
         parsers.append(ThinkParser(start, end, inside=opens_thinking(prompt, start, end)))
     tools = template_tools(params)
-    call_start = getattr(tokenizer, "tool_call_start", None)
-    call_end = getattr(tokenizer, "tool_call_end", None) or ""
-    parse = getattr(tokenizer, "tool_parser", None)
-    if tools and isinstance(call_start, str) and call_start and parse is not None:
-        parsers.append(ToolBlockParser(call_start, call_end, tool_reader(parse, tools)))
+    found = tool_format(tokenizer)
+    if tools and found is not None:
+        parsers.append(ToolBlockParser(found.start, found.end, tool_reader(found.parse, tools)))
     if not parsers:
         return None
     return parsers[0] if len(parsers) == 1 else ChainedParser(parsers)
