@@ -38,6 +38,11 @@ class OutputParser(abc.ABC):
     def finish(self, task_id: str) -> list[Chunk]:
         """The stream ended: return whatever was held back."""
 
+    @property
+    def thinking(self) -> bool:
+        """Whether the model is inside a thinking block now (for counting reasoning tokens)."""
+        return False
+
 
 ParserFactory = Callable[[ModelCard, GenerationParams], OutputParser]
 
@@ -58,6 +63,10 @@ class ChainedParser(OutputParser):
 
     def feed(self, chunk: TextChunk) -> list[Chunk]:
         return self._through([chunk], 0)
+
+    @property
+    def thinking(self) -> bool:
+        return any(p.thinking for p in self._parsers)
 
     def finish(self, task_id: str) -> list[Chunk]:
         out: list[Chunk] = []
@@ -152,6 +161,10 @@ class ThinkParser(TaggedBlockParser):
 
     def _block(self, task_id: TaskId, text: str, closed: bool) -> list[Chunk]:
         return [ThinkingChunk(task_id=task_id, text=text)] if text else []
+
+    @property
+    def thinking(self) -> bool:
+        return self._inside
 
 
 class ToolCallParseError(ValueError):

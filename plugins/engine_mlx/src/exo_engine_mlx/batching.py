@@ -23,6 +23,7 @@ from exo_core.generation import (
     FinishReason,
     GenerationParams,
     TextChunk,
+    ThinkingChunk,
     TokenLogprob,
     TopLogprob,
     Usage,
@@ -49,6 +50,7 @@ class _Sequence:
     parser: OutputParser | None = None
     first_token_at: float | None = None
     generated: int = 0
+    reasoning: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
@@ -56,6 +58,14 @@ def _parsed(seq: _Sequence, text: str) -> list[Chunk]:
     """New text of a sequence as chunks: through the family's parser when it has one."""
     chunk = TextChunk(task_id=seq.task_id, text=text, logprobs=tuple(seq.pending_logprobs))
     return seq.parser.feed(chunk) if seq.parser is not None else [chunk]
+
+
+def _thinking(seq: _Sequence, chunks: list[Chunk]) -> bool:
+    """Whether the token just added was thinking: it gave thinking text, or it is held inside
+    an open think block (a token with no text of its own yet counts with the block)."""
+    if any(isinstance(c, ThinkingChunk) for c in chunks):
+        return True
+    return seq.parser is not None and seq.parser.thinking
 
 
 def _rate(count: int, seconds: float) -> float:
@@ -170,6 +180,8 @@ class BatchEngine:
         if text:
             out.extend(_parsed(seq, text))
             seq.pending_logprobs.clear()
+        if not is_eos and _thinking(seq, out):
+            seq.reasoning += 1
         if seq.text.stopped:
             self._generator.remove([seq.uid])
             return [*out, *self._finish(seq, FinishReason.STOP, store=None)]
@@ -213,6 +225,7 @@ class BatchEngine:
             prompt_tokens=len(seq.prompt),
             completion_tokens=seq.generated,
             cached_tokens=seq.cached,
+            reasoning_tokens=seq.reasoning,
             prompt_tps=_rate(len(seq.prompt) - seq.cached, first - seq.submitted),
             generation_tps=_rate(max(0, seq.generated - 1), now - first),
             time_to_first_token_s=first - seq.submitted,

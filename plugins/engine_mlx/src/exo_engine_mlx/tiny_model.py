@@ -80,12 +80,24 @@ def make_tiny_model(
     intermediate: int = 128,
     vocab_size: int = 400,
     seed: int = 0,
+    special_tokens: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+    corpus: Sequence[str] = (),
 ) -> Path:
-    """Write an MLX llama model directory that `mlx_lm.load` reads. Returns `out`."""
+    """Write an MLX llama model directory that `mlx_lm.load` reads. Returns `out`.
+
+    `special_tokens`, `chat_template` and `corpus` shape its tokenizer (see
+    `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers."""
     from mlx_lm.models import llama
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab = make_tiny_tokenizer(out, vocab_size=vocab_size)
+    vocab = make_tiny_tokenizer(
+        out,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        chat_template=chat_template,
+        corpus=corpus,
+    )
     config = {
         "model_type": "llama",
         "hidden_size": hidden,
