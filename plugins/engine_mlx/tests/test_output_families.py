@@ -30,6 +30,7 @@ from exo_core.generation import (
 from exo_core.ids import TaskId
 from exo_engine_mlx.output import family_parser, opens_thinking, tool_format
 from exo_engine_mlx.prompt import encode, render
+from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.textstream import TextStream
 from exo_engine_mlx.tiny_model import make_tiny_tokenizer
 
@@ -325,31 +326,6 @@ def test_a_prompt_that_opens_the_think_block_starts_the_parser_inside() -> None:
     assert not opens_thinking("<think>\n\n</think>\n\n", "<think>", "</think>")
     assert not opens_thinking("a <think> b", "<think>", "</think>")
     assert not opens_thinking("no tags", "<think>", "</think>")
-
-
-class ScriptedOutput:
-    """A real model whose every step's logits are replaced to pick the next scripted token:
-    the batch engine, caches and sampling run for real on an output random weights never give."""
-
-    def __init__(self, model: Any, prompt_length: int, script: list[int]) -> None:
-        self._model = model
-        self._script = script
-        self._unseen_prompt = prompt_length
-
-    @property
-    def layers(self) -> Any:
-        return self._model.layers
-
-    def __call__(self, inputs: Any, cache: Any = None, **kwargs: Any) -> Any:
-        import mlx.core as mx
-
-        logits = self._model(inputs, cache=cache, **kwargs)
-        # One sequence: the step's output is generated token number (tokens seen - prompt).
-        self._unseen_prompt -= inputs.shape[1]
-        step = max(0, -self._unseen_prompt)
-        token = self._script[min(step, len(self._script) - 1)]
-        vocab = mx.arange(logits.shape[-1])
-        return mx.where(vocab == token, 0.0, -1e9).astype(logits.dtype) * mx.ones_like(logits)
 
 
 def test_the_batch_engine_parses_and_counts_reasoning_tokens(
