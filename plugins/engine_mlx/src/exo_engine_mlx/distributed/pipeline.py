@@ -1,6 +1,14 @@
 """Pipeline parallel: each rank holds a contiguous run of layers and passes hidden states on.
 
-Rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
+Two ways, chosen by the model's class (`split_pipeline`):
+
+* mlx-lm's own `pipeline()` (its `PipelineMixin`: DeepSeek V2/V3/V3.2, GLM 4 MoE, Qwen2,
+  Qwen3 MoE, Qwen3-Next, Qwen3.5, Ministral 3, ...): the family's own forward pass, with its
+  masks and caches (MoE, hybrid attention/SSM) as mlx-lm wrote them. mlx-lm gives rank 0 the
+  *last* layers and every rank the final hidden state, so every rank computes the same logits.
+* `PipelineStage` below, for llama-shaped models without the mixin.
+
+In a `PipelineStage`, rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
 from the rank before it; the last rank applies the final norm and the head. The last rank's
 logits (of the last position only) are then summed over the group with zeros from the other
 ranks, so every rank's batch generator samples from the same logits and stays in step.
@@ -26,6 +34,37 @@ PIPELINE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 class PipelineUnsupported(ValueError):
     """The model's family has no pipeline split here."""
+
+
+def pipeline_method(model: nn.Module) -> str | None:
+    """How this model splits into a pipeline: "mlx-lm" (its own `pipeline()`), "stage"
+    (the engine's layer slicing) or None."""
+    inner = getattr(model, "model", None)
+    if callable(getattr(inner, "pipeline", None)):
+        return "mlx-lm"
+    if str(getattr(model, "model_type", "")) in PIPELINE_MODEL_TYPES:
+        return "stage"
+    return None
+
+
+def split_pipeline(
+    model: nn.Module,
+    start: int,
+    end: int,
+    counts: tuple[int, ...],
+    group: mx.distributed.Group,
+) -> nn.Module:
+    """This rank's part of `model` for a pipeline over `group`: [start, end) of its layers,
+    or, where mlx-lm splits the model itself, as many layers as the placement gave this rank
+    (mlx-lm orders the blocks from the last rank to the first)."""
+    method = pipeline_method(model)
+    if method == "mlx-lm":
+        inner: Any = model.model  # an mlx-lm model with PipelineMixin, checked above
+        if len(counts) != group.size() or sum(counts) != len(inner.layers):
+            raise ValueError(f"layer counts {list(counts)} do not cover the model for the group")
+        inner.pipeline(group, list(counts))
+        return model
+    return PipelineStage(model, start, end, group)
 
 
 def _float_dtype(module: nn.Module) -> mx.Dtype:
