@@ -36,13 +36,32 @@ class PipelineUnsupported(ValueError):
     """The model's family has no pipeline split here."""
 
 
+# Where mlx-lm keeps the layer stack that carries its PipelineMixin, by model class.
+_MIXIN_PATHS = (("model",), ("language_model", "model"), ("model", "language_model"))
+
+
+def _mixin_part(model: nn.Module) -> Any:
+    """The part of an mlx-lm model that splits itself (`pipeline()`), or None."""
+    from mlx_lm.models.pipeline import PipelineMixin
+
+    for path in _MIXIN_PATHS:
+        part: Any = model
+        for name in path:
+            part = getattr(part, name, None)
+        if isinstance(part, PipelineMixin):
+            return part
+    return None
+
+
 def pipeline_method(model: nn.Module) -> str | None:
     """How this model splits into a pipeline: "mlx-lm" (its own `pipeline()`), "stage"
     (the engine's layer slicing) or None."""
-    inner = getattr(model, "model", None)
-    if callable(getattr(inner, "pipeline", None)):
+    if _mixin_part(model) is not None:
         return "mlx-lm"
-    if str(getattr(model, "model_type", "")) in PIPELINE_MODEL_TYPES:
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    model_type = str(getattr(model, "model_type", ""))
+    if MODEL_REMAPPING.get(model_type, model_type) in PIPELINE_MODEL_TYPES:
         return "stage"
     return None
 
@@ -57,9 +76,8 @@ def split_pipeline(
     """This rank's part of `model` for a pipeline over `group`: [start, end) of its layers,
     or, where mlx-lm splits the model itself, as many layers as the placement gave this rank
     (mlx-lm orders the blocks from the last rank to the first)."""
-    method = pipeline_method(model)
-    if method == "mlx-lm":
-        inner: Any = model.model  # an mlx-lm model with PipelineMixin, checked above
+    inner = _mixin_part(model)
+    if inner is not None:
         if len(counts) != group.size() or sum(counts) != len(inner.layers):
             raise ValueError(f"layer counts {list(counts)} do not cover the model for the group")
         inner.pipeline(group, list(counts))
@@ -90,10 +108,10 @@ class PipelineStage(nn.Module):
     ) -> None:
         super().__init__()
         model_type = str(getattr(model, "model_type", ""))
-        if model_type not in PIPELINE_MODEL_TYPES:
+        if pipeline_method(model) is None:
             raise PipelineUnsupported(
                 f"pipeline parallel does not support model type '{model_type}' "
-                f"(supported: {', '.join(sorted(PIPELINE_MODEL_TYPES))})"
+                "(see the engine's README for the architectures it splits)"
             )
         full: Any = model  # a model class of mlx-lm: typed by duck, checked above
         inner = full.model
