@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-NAME = re.compile(r"\bEXO_[A-Z0-9_]*[A-Z0-9]\b")
+# As the code reads them: in quotes (os.environ.get("EXO_..."), env::var("EXO_...")).
+NAME = re.compile(r"""["'](EXO_[A-Z0-9_]*[A-Z0-9])["']""")
 
 
 def _code_files() -> list[Path]:

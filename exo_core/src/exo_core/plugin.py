@@ -75,7 +75,18 @@ from exo_core.generation import (
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId, new_id
 from exo_core.model_cards import Capability, ModelCard, ModelTask, load_card_dir
-from exo_core.parsers import OutputParser, ParserFactory
+from exo_core.parsers import (
+    ChainedParser,
+    OutputParser,
+    ParserFactory,
+    TaggedBlockParser,
+    ThinkParser,
+    ToolBlockParser,
+    ToolBlockReader,
+    ToolCallParseError,
+    read_hermes,
+    tool_call,
+)
 from exo_core.placement import split_layers
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.service import (
@@ -127,6 +138,7 @@ __all__ = [
     "AnyRequest",
     "CancelTask",
     "Capability",
+    "ChainedParser",
     "ChatMessage",
     "Chunk",
     "Command",
@@ -193,14 +205,19 @@ __all__ = [
     "Sharding",
     "State",
     "StatusReporter",
+    "TaggedBlockParser",
     "Task",
     "TaskId",
     "TaskStatus",
     "TextChunk",
+    "ThinkParser",
     "ThinkingChunk",
     "TokenLogprob",
+    "ToolBlockParser",
+    "ToolBlockReader",
     "ToolCall",
     "ToolCallChunk",
+    "ToolCallParseError",
     "ToolSpec",
     "TopLogprob",
     "Transport",
@@ -219,6 +236,8 @@ __all__ = [
     "native_error",
     "ndjson",
     "new_id",
+    "read_hermes",
     "split_layers",
     "sse",
+    "tool_call",
 ]

@@ -17,7 +17,7 @@ from string import Template
 KINDS = ("route", "engine", "observer", "transport")
 
 #: The exo-core versions that carry the plugin API major version of this exo-core.
-EXO_CORE_RANGE = "exo-core>=0.1,<0.2"
+CORE_RANGE = "exo-core>=0.1,<0.2"
 
 PYPROJECT = """\
 [project]
@@ -341,7 +341,7 @@ def write_plugin(name: str, kind: str, parent: Path) -> Path:
     if root.exists():
         raise ScaffoldError(f"{root} exists already")
     code, test = TEMPLATES[kind]
-    values = {"name": name, "kind": kind, "core_range": EXO_CORE_RANGE}
+    values = {"name": name, "kind": kind, "core_range": CORE_RANGE}
     files = {
         "pyproject.toml": PYPROJECT,
         f"exo_{name}/__init__.py": "",
