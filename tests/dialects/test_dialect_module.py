@@ -64,7 +64,12 @@ class StandInService(GenerationService):
 def client(router: Any, service: GenerationService) -> TestClient[Litestar]:
     app = Litestar(
         route_handlers=[router],
-        dependencies={"generation": Provide(lambda: service, sync_to_thread=False)},
+        # Routes declare `node` explicitly (Litestar 3 style), so it must be provided; the
+        # ones these tests call use only `generation`.
+        dependencies={
+            "generation": Provide(lambda: service, sync_to_thread=False),
+            "node": Provide(lambda: None, sync_to_thread=False),
+        },
     )
     return TestClient(app)
 
