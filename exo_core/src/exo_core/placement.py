@@ -167,10 +167,14 @@ class _Refusals:
         return "; ".join(parts) or "no placement fits"
 
 
-def can_serve(node: NodeInfo, card: ModelCard) -> bool:
-    """Whether `node`'s engines can serve `card`, as its telemetry says."""
+def can_serve(node: NodeInfo, card: ModelCard, state: State) -> bool:
+    """Whether `node`'s engines can serve `card`, as its telemetry says. A card added through
+    the API (replicated in state) may be newer than the node's last report: any node with an
+    engine may serve it."""
     serves = node.resources.serves
-    return bool(node.resources.engines) and (serves is None or card.model_id in serves)
+    return bool(node.resources.engines) and (
+        serves is None or card.model_id in serves or card.model_id in state.model_cards
+    )
 
 
 def place(card: ModelCard, request: PlacementRequest, state: State) -> list[PlacementOption]:
@@ -178,7 +182,7 @@ def place(card: ModelCard, request: PlacementRequest, state: State) -> list[Plac
     with_engine = [n for n in state.nodes.values() if n.resources.engines]
     if not with_engine:
         raise PlacementRefused("no node with an inference engine is in the cluster")
-    nodes = sorted((n for n in with_engine if can_serve(n, card)), key=lambda n: n.node_id)
+    nodes = sorted((n for n in with_engine if can_serve(n, card, state)), key=lambda n: n.node_id)
     if not nodes:
         raise PlacementRefused(
             f"no node in the cluster has an engine that can serve {card.model_id}"

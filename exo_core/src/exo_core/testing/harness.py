@@ -152,13 +152,13 @@ def running_cluster(
     network: MemoryNetwork | None = None,
     election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.3),
     api: bool = True,
-    dialects: bool = True,
+    dialects: bool = False,
     **config: Any,
 ) -> Iterator[RunningCluster]:
     """`count` nodes with APIs, on one event loop, over one in-memory network.
 
     `plugins(i)` gives the plugin objects of node i; the installed API dialects are added
-    unless `dialects` is false."""
+    when `dialects` is true."""
     network = network or MemoryNetwork()
     # Tests stay on loopback: ring addresses come from the listen host.
     config.setdefault("listen_host", "127.0.0.1")
