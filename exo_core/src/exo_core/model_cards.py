@@ -41,7 +41,7 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     n_layers: int = 1
     hidden_size: int = 0
     num_key_value_heads: int | None = None
-    storage_size_bytes: int = 0
+    storage_size_bytes: int
     quantization: str = "none"
     base_model: str = ""
     supports_tensor: bool = False
