@@ -42,7 +42,14 @@ from exo_core.state import (
     TaskStatus,
 )
 from exo_core.testing.peer_fuzz import forged_card
-from exo_core.wire import Campaign, Replicated, VoteRequest
+from exo_core.wire import (
+    Campaign,
+    EventBatch,
+    Replicated,
+    VoteRequest,
+    decode_response,
+    encode_catch_up,
+)
 
 A, B = NodeId("a"), NodeId("b")
 INSTANCE = InstanceId("inst")
@@ -205,3 +212,18 @@ def test_a_master_claim_is_backed_by_own_vote_or_a_majority_of_announced_votes()
     # A claim in another term, or of a node that is not master, is not backed by these votes.
     assert not master_claim_backed(campaign(A, term=6, voted_for=A, master=True), me_voted, [], 3)
     assert not master_claim_backed(campaign(A, term=5, voted_for=A), me_voted, [], 3)
+
+
+def test_a_catch_up_answer_fits_its_byte_budget_and_carries_at_least_one_event() -> None:
+    events = [
+        IndexedEvent(index=i, term=1, event=ModelCardAdded(card=forged_card(f"{i:04}")))
+        for i in range(64)
+    ]
+    whole = decode_response(encode_catch_up(events, 0, 1 << 20))
+    assert isinstance(whole, EventBatch) and len(whole.events) == 64
+    raw = encode_catch_up(events, 0, 1000)
+    part = decode_response(raw)
+    assert len(raw) <= 1000 and isinstance(part, EventBatch)
+    assert 0 < len(part.events) < 64 and part.events == tuple(events[: len(part.events)])
+    one = decode_response(encode_catch_up(events, 0, 1))
+    assert isinstance(one, EventBatch) and len(one.events) == 1
