@@ -166,6 +166,54 @@ def test_a_member_claiming_forced_mastership_cannot_depose_a_live_master(tmp_pat
     with_mallory(tmp_path, body)
 
 
+def test_an_outsiders_forced_mastership_does_not_stall_the_next_election(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        async def claim() -> None:
+            while True:
+                await mallory.publish(ELECTION_TOPIC, encode(campaign(MALLORY)))
+                await anyio.sleep(0.25)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.sleep(2)
+            await cluster.kill(next(n for n in cluster.nodes if n.node.node_id == master))
+            # The members elect one of themselves; nobody waits for the outsider to lead.
+            await cluster.wait(lambda: len(cluster.masters()) == 1, timeout=30)
+            tg.cancel_scope.cancel()
+        (new,) = cluster.masters()
+        assert new.node.node_id not in (master, MALLORY)
+        await cluster.wait(
+            lambda: all(n.node.election.master == new.node.node_id for n in cluster.alive())
+        )
+
+    with_mallory(tmp_path, body)
+
+
+def test_a_peer_gets_a_bounded_number_of_requests_answered_at_once(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        # The master alone: each command waits for a majority that never comes (10 s).
+        cluster.network.partition({master}, set(follower_ids(cluster, master)))
+        answers: list[object] = []
+
+        async def one(i: int) -> None:
+            envelope = CommandEnvelope(
+                command_id=CommandId(f"slow-{i}"),
+                origin=NodeId(MALLORY),
+                command=AddModelCard(card=forged_card(f"slow-{i}")),
+            )
+            raw = await mallory.request(master, encode(envelope), timeout=30)
+            answers.append(decode_response(raw))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(one, i)
+        refused = [a for a in answers if isinstance(a, Refused)]
+        assert len(refused) == 100 - node_module.MAX_REQUESTS_IN_FLIGHT, answers[:3]
+        cluster.network.heal()
+
+    with_mallory(tmp_path, body)
+
+
 def test_forged_event_batches_and_reports_are_not_applied(tmp_path: Path) -> None:
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         victim = follower_ids(cluster, master)[0]
