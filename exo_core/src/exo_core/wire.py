@@ -20,7 +20,7 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 Index = Annotated[int, msgspec.Meta(ge=-1, le=1 << 62)]
 # The most events, and about the most bytes, one catch-up answer carries, whatever the asker
 # wants (a transport carries 64 MiB at most).
-MAX_CATCH_UP_EVENTS = 2000
+MAX_CATCH_UP_EVENTS = 5000
 MAX_CATCH_UP_BYTES = 8 << 20
 
 
