@@ -81,6 +81,7 @@ from exo_core.wire import (
     NotMaster,
     Refused,
     Replicated,
+    Request,
     Response,
     Vote,
     VoteRequest,
@@ -345,7 +346,7 @@ class Node:
             if self._in_flight[sender] <= 0:
                 del self._in_flight[sender]
 
-    async def _answer_request(self, sender: str, request: object) -> bytes:
+    async def _answer_request(self, sender: str, request: Request) -> bytes:
         """What a peer may ask depends on who it is (see `exo_core.peer_auth`)."""
         match request:
             case CommandEnvelope():
@@ -480,8 +481,6 @@ class Node:
         refusal = vote_refusal(sender, request, live)
         if refusal is not None:
             return Vote(granted=False, reason=refusal)
-        if self.master is not None and self.master.term >= request.term:
-            return Vote(granted=False, reason=f"I am master of term {self.master.term}")
         vote = self.votes.decide(request, self.replica.last_term, self.replica.state.last_index)
         if vote.granted and self.master is not None:
             logger.info(f"stepping down: voted for {request.candidate} in term {request.term}")
@@ -567,8 +566,9 @@ class Node:
                 await master.commit(decide_node_timeout(self.state, node_id, ctx))
 
     async def _ask_missing_votes(self, master: Master) -> None:
-        """A node follows only the master it voted for: ask those that have not voted in our
-        term (they joined later, or were out of reach during the election) for their vote."""
+        """A node follows a master its own vote backs (or a majority's announced votes): ask
+        those that have not voted in our term (they joined later, or were out of reach during
+        the election) for their vote."""
         voted = {c.node_id for c in self.election.alive() if c.voted_term == master.term}
         missing = [p for p in self.transport.peers() if p not in voted]
         if not missing:
