@@ -7,7 +7,9 @@ import stat
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
+from exo_core.cli import with_cluster_key
 from exo_core.cluster_key import (
     KEY_FILE,
     ClusterKeyError,
@@ -15,6 +17,7 @@ from exo_core.cluster_key import (
     network_key,
     resolve,
 )
+from exo_core.config import NodeConfig
 
 
 def test_a_networked_node_without_a_key_creates_one_and_keeps_it(tmp_path: Path) -> None:
@@ -57,3 +60,24 @@ def test_the_network_key_depends_on_key_and_namespace() -> None:
     }
     assert len(keys) == 6 and all(len(k) == 32 for k in keys)
     assert derive("one", "a") != derive("one", "b") != derive("two", "a")
+
+
+def test_the_cli_resolves_the_key_for_networked_nodes_and_says_who_can_join(
+    tmp_path: Path,
+) -> None:
+    messages: list[str] = []
+    sink = logger.add(lambda m: messages.append(str(m)), level="INFO")
+    try:
+        networked = NodeConfig(data_dir=str(tmp_path / "a"), listen_host="0.0.0.0")
+        keyed = with_cluster_key(networked, None, False)
+        saved = (tmp_path / "a" / KEY_FILE).read_text().strip()
+        assert keyed.cluster_key == saved
+        assert any(f"EXO_CLUSTER_KEY={saved}" in m for m in messages)
+        opened = with_cluster_key(networked, None, True)
+        assert opened.cluster_key is None
+        assert any("ANY MACHINE" in m for m in messages)
+        memory = NodeConfig(data_dir=str(tmp_path / "m"), transport="memory")
+        assert with_cluster_key(memory, None, False) == memory
+        assert not (tmp_path / "m" / KEY_FILE).exists()
+    finally:
+        logger.remove(sink)
