@@ -45,6 +45,7 @@ from exo_core.placement_types import PlacementOption, PlacementRequest
 from exo_core.plugin_host import PluginHost
 from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
+from exo_core.snapshot import Snapshot, SnapshotStore
 from exo_core.state import State, TaskStatus
 from exo_core.telemetry import gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
@@ -110,7 +111,11 @@ class Node:
         data.mkdir(parents=True, exist_ok=True)
         self.transport = transport or self._make_transport(data)
         self.node_id = NodeId(self.transport.node_id)
-        self.replica = Replica(EventLog(data / "events.log"))
+        self.replica = Replica(
+            EventLog(data / "events.log"),
+            SnapshotStore(data / "snapshot.bin"),
+            snapshot_every=config.snapshot_every,
+        )
         self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
         self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
@@ -283,9 +288,15 @@ class Node:
             return  # we voted for a newer term: this master is deposed
         outcome = self.replica.ingest(batch.events, batch.prev_term)
         if outcome == Ingested.UP_TO_DATE:
+            self._learn_committed(batch)
             self._acknowledge()
         else:
             self._catch_up_wanted.set()
+
+    def _learn_committed(self, batch: EventBatch) -> None:
+        """Our log matches the sender's through the batch: what it knows committed there is."""
+        if batch.events:
+            self.replica.mark_committed(min(batch.committed, batch.events[-1].index))
 
     def _acknowledge(self) -> None:
         """Tell the master how far our durable log matches its own (it counts a majority)."""
@@ -316,8 +327,14 @@ class Node:
             case CatchUp(start=start, prev_term=prev_term, limit=limit):
                 if start > 0 and self.replica.term_at(start - 1) != prev_term:
                     return encode(Diverged())
+                if start < self.replica.first_index and self.replica.snapshot is not None:
+                    return encode(self.replica.snapshot)
                 events = self.replica.log.read(start, start + limit)
-                return encode(EventBatch(events=tuple(events), prev_term=prev_term))
+                return encode(
+                    EventBatch(
+                        events=tuple(events), prev_term=prev_term, committed=self.replica.committed
+                    )
+                )
             case Replicated(node_id=node_id, index=index, term=term):
                 if self.master is not None:
                     self.master.replicated(node_id, index, term)
@@ -356,10 +373,18 @@ class Node:
                 if isinstance(answer, Diverged):
                     self.replica.truncate(self.replica.divergence_point())
                     continue
+                if isinstance(answer, Snapshot):
+                    if answer.next_index <= start:
+                        return False  # nothing we miss: not an answer to our question
+                    self.replica.install(answer)
+                    continue
                 if not isinstance(answer, EventBatch) or not answer.events:
                     return True
-                if self.replica.ingest(answer.events, answer.prev_term) == Ingested.DIVERGED:
+                outcome = self.replica.ingest(answer.events, answer.prev_term)
+                if outcome == Ingested.DIVERGED:
                     self.replica.truncate(self.replica.divergence_point())
+                elif outcome == Ingested.UP_TO_DATE:
+                    self._learn_committed(answer)
         return False
 
     # -- election -----------------------------------------------------------------------------

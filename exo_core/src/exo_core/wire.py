@@ -8,6 +8,7 @@ from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.events import IndexedEvent
 from exo_core.generation import Chunk
 from exo_core.ids import NodeId
+from exo_core.snapshot import Snapshot
 
 EVENTS_TOPIC = "exo/events"
 ELECTION_TOPIC = "exo/election"
@@ -27,7 +28,9 @@ class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class CatchUp(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Ask for the events from `start` on (at most `limit`); `prev_term` is the asker's term at
-    `start - 1`, so the answer can say when the asker's log diverges."""
+    `start - 1`, so the answer can say when the asker's log diverges. When the answering node
+    has cut `start` from its log, it answers its `Snapshot` instead, and the asker continues
+    after it."""
 
     start: int
     prev_term: int = 0
@@ -98,7 +101,7 @@ class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated | VoteRequest
-Response = CommandResult | EventBatch | Ack | NotMaster | Diverged | Vote
+Response = CommandResult | EventBatch | Snapshot | Ack | NotMaster | Diverged | Vote
 Broadcast = EventBatch | Campaign
 
 encode = msgspec.msgpack.Encoder().encode
