@@ -9,6 +9,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from exo_core.bodies import without_body
 from exo_core.commands import (
     AddModelCard,
     CancelTask,
@@ -170,7 +171,8 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
                 raise CommandRefused(404, f"unknown instance '{command.task.instance_id}'")
             if command.task.task_id in state.tasks:
                 return Decision([])  # a retried submission
-            return Decision([TaskCreated(task=command.task)])
+            # Request text never enters the log, whoever sent the command.
+            return Decision([TaskCreated(task=without_body(command.task))])
         case CancelTask():
             if command.task_id not in state.tasks:
                 return Decision([])  # already finished: cancelling is idempotent

@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 from loguru import logger
 
+from exo_core.bodies import BodyStore, BodyUnavailable
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
@@ -46,7 +47,7 @@ from exo_core.plugin_host import PluginHost
 from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
 from exo_core.snapshot import Snapshot, SnapshotStore
-from exo_core.state import State, TaskStatus
+from exo_core.state import State, Task, TaskStatus
 from exo_core.telemetry import gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
     PeerDisconnected,
@@ -66,8 +67,11 @@ from exo_core.wire import (
     ChunkBatch,
     Diverged,
     EventBatch,
+    FetchBody,
+    NoBody,
     NotMaster,
     Replicated,
+    TaskBody,
     Vote,
     VoteRequest,
     decode_broadcast,
@@ -118,6 +122,7 @@ class Node:
         )
         self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
+        self.bodies = BodyStore()
         self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
         self.downloader: Downloader | None = plugins.hook.exo_downloader(
             config=config, node_id=self.node_id
@@ -157,6 +162,7 @@ class Node:
                 all_cards=self.cards,
                 send_command=self.send_command,
                 send_chunk=self.deliver_chunk,
+                fetch_body=self.fetch_body,
                 models_dir=config.models_dir,
                 data_dir=data,
             )
@@ -226,6 +232,29 @@ class Node:
             self.router.deliver(chunk)
             return
         await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
+
+    async def fetch_body(self, task: Task) -> GenerationParams:
+        """The body of a task this node runs rank 0 of, from the node that holds the request."""
+        origin = task.origin_node
+        try:
+            if origin == self.node_id:
+                return self.bodies.lend(task.task_id, self.node_id, self.state)
+            raw = await self.transport.request(
+                origin, encode(FetchBody(task_id=task.task_id)), timeout=30
+            )
+            answer = decode_response(raw)
+        except TransportError as e:
+            raise BodyUnavailable(
+                f"could not fetch the request of task {task.task_id} from node {origin}: {e}"
+            ) from e
+        except BodyUnavailable as e:
+            raise BodyUnavailable(f"the request of task {task.task_id} is not available: {e}") from e
+        if isinstance(answer, TaskBody) and answer.task_id == task.task_id:
+            return answer.params
+        reason = answer.reason if isinstance(answer, NoBody) else f"unexpected answer {answer!r}"
+        raise BodyUnavailable(
+            f"node {origin} did not hand over the request of task {task.task_id}: {reason}"
+        )
 
     def spawn(self, job: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Run `job` in the background for as long as the node runs (for plugins' hooks)."""
@@ -345,6 +374,12 @@ class Node:
                 for chunk in chunks:
                     self.router.deliver(chunk)
                 return encode(Ack())
+            case FetchBody(task_id=task_id):
+                try:
+                    params = self.bodies.lend(task_id, NodeId(sender), self.state)
+                except BodyUnavailable as e:
+                    return encode(NoBody(reason=str(e)))
+                return encode(TaskBody(task_id=task_id, params=params))
 
     async def _catch_up_loop(self) -> None:
         """Catch up when asked to, and at least once a second: the last broadcast before a

@@ -6,8 +6,8 @@ import msgspec
 
 from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.events import IndexedEvent
-from exo_core.generation import Chunk
-from exo_core.ids import NodeId
+from exo_core.generation import Chunk, GenerationParams
+from exo_core.ids import NodeId, TaskId
 from exo_core.snapshot import Snapshot
 
 EVENTS_TOPIC = "exo/events"
@@ -72,6 +72,23 @@ class ChunkBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     chunks: tuple[Chunk, ...]
 
 
+class FetchBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Data plane: rank 0 of a task's instance asks the task's origin node for its body."""
+
+    task_id: TaskId
+
+
+class TaskBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+    params: GenerationParams
+
+
+class NoBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The origin node does not hand out the body (no caller waits for it, or not to you)."""
+
+    reason: str
+
+
 class Ack(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pass
 
@@ -100,8 +117,10 @@ class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     voted_term: int = 0
 
 
-Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated | VoteRequest
-Response = CommandResult | EventBatch | Snapshot | Ack | NotMaster | Diverged | Vote
+Request = CommandEnvelope | CatchUp | ChunkBatch | FetchBody | Replicated | VoteRequest
+Response = (
+    CommandResult | EventBatch | Snapshot | TaskBody | NoBody | Ack | NotMaster | Diverged | Vote
+)
 Broadcast = EventBatch | Campaign
 
 encode = msgspec.msgpack.Encoder().encode
