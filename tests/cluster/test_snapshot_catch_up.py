@@ -34,7 +34,9 @@ def test_late_joiners_catch_up_over_a_snapshot(tmp_path: Path) -> None:
         assert late.node.replica.next_index < replica.first_index
 
         installs: list[str] = []
-        sink = logger.add(lambda m: installs.append(m), filter=lambda r: "installing" in r["message"])
+        sink = logger.add(
+            lambda m: installs.append(m), filter=lambda r: "installing" in r["message"]
+        )
         try:
             rejoined = cluster.restart(cluster.nodes.index(late))
             newcomer = cluster.restart_node(3)  # an empty data directory

@@ -248,7 +248,9 @@ class Node:
                 f"could not fetch the request of task {task.task_id} from node {origin}: {e}"
             ) from e
         except BodyUnavailable as e:
-            raise BodyUnavailable(f"the request of task {task.task_id} is not available: {e}") from e
+            raise BodyUnavailable(
+                f"the request of task {task.task_id} is not available: {e}"
+            ) from e
         if isinstance(answer, TaskBody) and answer.task_id == task.task_id:
             return answer.params
         reason = answer.reason if isinstance(answer, NoBody) else f"unexpected answer {answer!r}"
