@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
+
 from exo_core.coalesce import REFRESH_S
 from exo_core.commands import ReportEvents
 from exo_core.decide import news
@@ -98,3 +100,26 @@ def test_the_log_file_stays_bounded_under_changing_telemetry(tmp_path: Path) -> 
         assert replica.first_index > 300, "the log was not cut behind snapshots"
         assert replica.next_index - replica.first_index < 250
         assert max(sizes) < 250 * 400, f"log sizes {sizes}"
+
+
+def test_events_from_before_the_cut_start_with_the_snapshot(tmp_path: Path) -> None:
+    with running_node(tmp_path, worker=False, snapshot_every=20) as node:
+        me = node.node.node_id
+        for i in range(60):
+            report = ReportEvents(events=(telemetry(1e6 + i, (i % 2 + 1) * 16 * GB, node=me),))
+            assert node.call(node.node.send_command, report).ok
+        replica = node.node.replica
+        assert replica.snapshot is not None
+        last = replica.state.last_index
+        kinds: list[str] = []
+        ids: list[int] = []
+        with httpx.stream("GET", f"{node.url}/events", params={"since": 0}, timeout=10) as r:
+            for line in r.iter_lines():
+                if line.startswith("event:"):
+                    kinds.append(line[6:].strip())
+                if line.startswith("id:"):
+                    ids.append(int(line[3:].strip()))
+                    if ids[-1] >= last:
+                        break
+        assert kinds[0] == "snapshot" and set(kinds[1:]) == {"event"}
+        assert ids == list(range(ids[0], ids[0] + len(ids))), "no event is missing or repeated"
