@@ -15,7 +15,8 @@ Two workloads, each written twice into a fresh data directory:
 to a plain `EventLog`, as before this change. "after" runs the same commands through the real
 master path: `decide` (redaction, coalescing) and a `Replica` with its `SnapshotStore`
 (snapshot every 10,000 events, the log cut behind it). Prints events, bytes on disk and the
-time a restarted node takes to load the result. Never asserts on time.
+time a restarted node takes to load the result; "peak" is the most the data directory held
+during the run (the log just before a snapshot cut it). Never asserts on time.
 """
 
 from __future__ import annotations
@@ -146,7 +147,7 @@ def telemetry_commands(hours: float) -> Iterator[Command]:
             )
 
 
-def before(commands: Iterator[Command], root: Path) -> tuple[int, int]:
+def before(commands: Iterator[Command], root: Path) -> tuple[int, int, int]:
     """What the master logged before: every reported event, every task with its body."""
     log = EventLog(root / "events.log", fsync=False)
     index = 0
@@ -159,13 +160,14 @@ def before(commands: Iterator[Command], root: Path) -> tuple[int, int]:
         log.append(IndexedEvent(index=index + k, term=1, event=e) for k, e in enumerate(events))
         index += len(events)
     log.close()
-    return index, _disk(root)
+    return index, _disk(root), _disk(root)  # it only grows: the end is the peak
 
 
-def after(commands: Iterator[Command], root: Path) -> tuple[int, int]:
+def after(commands: Iterator[Command], root: Path) -> tuple[int, int, int]:
     """The real master path: decide, then a replica that snapshots and cuts its log."""
     replica = Replica(EventLog(root / "events.log", fsync=False), SnapshotStore(root / "snap"))
-    for command in commands:
+    peak = 0
+    for count, command in enumerate(commands):
         if isinstance(command, SubmitTask):  # as the API node sends it
             command = SubmitTask(task=without_body(command.task))
         decision = decide(replica.state, command, CTX)
@@ -175,8 +177,10 @@ def after(commands: Iterator[Command], root: Path) -> tuple[int, int]:
         ]
         replica.ingest(indexed, replica.term_at(start - 1))
         replica.mark_committed(replica.state.last_index)  # one node: a majority at once
+        if count % 100 == 0:
+            peak = max(peak, _disk(root))
     replica.log.close()
-    return replica.next_index, _disk(root)
+    return replica.next_index, _disk(root), max(peak, _disk(root))
 
 
 def _disk(root: Path) -> int:
@@ -196,16 +200,23 @@ def main(requests: int, hours: float) -> None:
         (f"{requests:,} chat requests", lambda: chat_commands(requests)),
         (f"{hours:g} h of telemetry, 5 nodes", lambda: telemetry_commands(hours)),
     ]
-    print(f"{'workload':<34}{'':>8}{'events':>12}{'on disk':>12}{'restart':>10}")
+    print(f"{'workload':<34}{'':>8}{'events':>12}{'on disk':>12}{'peak':>12}{'restart':>10}")
     for name, commands in workloads:
         rows = []
         for label, write in (("before", before), ("after", after)):
             with tempfile.TemporaryDirectory() as tmp:
-                events, size = write(commands(), Path(tmp))
+                events, size, peak = write(commands(), Path(tmp))
                 load = _load_time(Path(tmp))
-            rows.append(size)
-            print(f"{name:<34}{label:>8}{events:>12,}{size / 1e6:>10.2f}MB{load:>9.2f}s")
-        print(f"{'':<34}{'ratio':>8}{'':>12}{rows[0] / max(1, rows[1]):>11.0f}x")
+            rows.append((size, peak))
+            print(
+                f"{name:<34}{label:>8}{events:>12,}{size / 1e6:>10.2f}MB"
+                f"{peak / 1e6:>10.2f}MB{load:>9.2f}s"
+            )
+        (size_before, peak_before), (size_after, peak_after) = rows
+        print(
+            f"{'':<34}{'ratio':>8}{'':>12}{size_before / max(1, size_after):>11.0f}x"
+            f"{peak_before / max(1, peak_after):>11.0f}x"
+        )
 
 
 if __name__ == "__main__":

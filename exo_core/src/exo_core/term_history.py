@@ -60,7 +60,3 @@ class TermHistory:
         keep = bisect.bisect_left(self._starts, next_index)
         del self._starts[keep:], self._terms[keep:]
         self._next = max(0, next_index) if self._starts else 0
-
-    def prefix(self, next_index: int) -> TermHistory:
-        """The history of the first `next_index` events."""
-        return TermHistory(self.runs(), min(next_index, self._next))
