@@ -3,14 +3,17 @@ master's snapshot and the tail, and a node restarted from its own snapshot rejoi
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from loguru import logger
 
 from exo_core.commands import AddModelCard
+from exo_core.events import ModelCardAdded
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard
-from exo_core.testing.harness import running_cluster
+from exo_core.testing.harness import running_cluster, running_node
+from exo_transport_libp2p.transport import Libp2pTransport
 
 
 def card(name: str) -> ModelCard:
@@ -48,3 +51,32 @@ def test_late_joiners_catch_up_over_a_snapshot(tmp_path: Path) -> None:
         for node in (rejoined, newcomer):
             assert len(node.node.state.model_cards) == 150
             assert node.node.replica.first_index > 0
+
+
+def test_a_late_joiner_over_libp2p_takes_the_snapshot(tmp_path: Path) -> None:
+    """The same over the real transport: the snapshot travels as one libp2p request."""
+
+    def transport(name: str, bootstrap: list[str]) -> Libp2pTransport:
+        return Libp2pTransport(
+            tmp_path / name, "snap", listen_host="127.0.0.1", bootstrap_peers=bootstrap, mdns=False
+        )
+
+    first = transport("a", [])
+    options = {"api": False, "worker": False, "snapshot_every": 50}
+    with running_node(tmp_path / "a", transport=first, **options) as a:
+        master = a.node.master
+        assert master is not None
+        for start in range(0, 300, 20):
+            a.call(
+                master.commit,
+                [ModelCardAdded(card=card(f"m{i}")) for i in range(start, start + 20)],
+            )
+        assert a.node.replica.first_index > 200
+        late = transport("b", first.listen_addrs())
+        with running_node(tmp_path / "b", transport=late, wait_ready=False, **options) as b:
+            deadline = time.monotonic() + 30
+            while b.node.state.model_cards != a.node.state.model_cards:
+                assert time.monotonic() < deadline, "the late joiner did not catch up"
+                time.sleep(0.05)
+            assert b.node.replica.snapshot is not None
+            assert b.node.replica.first_index > 200, "it replayed the log instead"
