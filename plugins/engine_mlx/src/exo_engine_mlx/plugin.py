@@ -35,15 +35,18 @@ def _import_gguf(args: argparse.Namespace) -> int:
     from exo_engine_mlx.gguf import GGUFImportError, import_gguf
     from exo_engine_mlx.gguf.cli import default_out_dir
 
-    out = (
-        Path(args.out)
-        if args.out
-        else default_out_dir(args.model_id, Path(args.data_dir) / "models")
-    )
+    from exo_core.paths import UnsafeModelPath, check_model_id
+
     try:
+        check_model_id(args.model_id)
+        out = (
+            Path(args.out)
+            if args.out
+            else default_out_dir(args.model_id, Path(args.data_dir) / "models")
+        )
         path = import_gguf(Path(args.file), out, args.model_id)
         card = card_from_gguf(Path(args.file), args.model_id, source=f"local:{path}")
-    except (GGUFImportError, OSError) as e:
+    except (GGUFImportError, UnsafeModelPath, OSError) as e:
         print(f"exo import-gguf: {e}", file=sys.stderr)
         return 2
     write_imported_card(path, card)
