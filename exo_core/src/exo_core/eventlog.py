@@ -7,6 +7,12 @@ file is cut back to the last whole frame.
 
 `append` returns only after the frames are flushed and fsynced, so an event that was
 acknowledged after `append` survives `kill -9` and power loss alike.
+
+A write or fsync that fails (a full disk, a file size limit, an I/O error) may have left part
+of its frames in the file. `append` then cuts the file back to the last whole frame before it
+raises `LogWriteFailed`, so the next append continues a clean log and the in-memory offsets
+always match the file. When even that cut fails, the log refuses every later append (the torn
+tail is dropped by the next open).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from pathlib import Path
 import msgspec
 from loguru import logger
 
+from exo_core.durable import fsync_dir, write_all
 from exo_core.events import IndexedEvent
 
 _HEADER = struct.Struct("<II")
@@ -28,6 +35,10 @@ MAX_FRAME = 64 * 1024 * 1024
 
 class CorruptLog(RuntimeError):
     """The log's indices are not consecutive: not a torn tail, but a broken file."""
+
+
+class LogWriteFailed(OSError):
+    """An append did not reach the disk; its events are not in the log (nor acknowledged)."""
 
 
 class EventLog:
@@ -41,7 +52,10 @@ class EventLog:
         self._offsets: list[int] = []  # byte offset of the frame of each index
         path.parent.mkdir(parents=True, exist_ok=True)
         self._end = self._recover()
-        self._file = open(path, "ab")  # noqa: SIM115 (kept open for the log's lifetime)
+        # Unbuffered: a failed write leaves nothing behind in a buffer for the next to flush.
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        # Why appends are refused, once a failed append could not be cut back.
+        self._unwritable: str | None = None
 
     @property
     def next_index(self) -> int:
@@ -51,6 +65,7 @@ class EventLog:
         """Index the frames on disk and cut off a torn tail. Returns the end offset."""
         if not self.path.exists():
             self.path.touch()
+            fsync_dir(self.path.parent)  # the new file's name must survive a power loss too
             return 0
         end = 0
         with open(self.path, "rb") as f:
@@ -92,12 +107,36 @@ class EventLog:
             expected += 1
         if not buffer:
             return
-        self._file.write(buffer)
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        if self._unwritable is not None:
+            raise LogWriteFailed(self._unwritable)
+        try:
+            write_all(self._fd, buffer)
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as e:
+            self._cut_back(e)
+            raise LogWriteFailed(
+                f"event log {self.path}: appending events {self.next_index}..{expected - 1} "
+                f"failed ({e}); they are not in the log"
+            ) from e
         self._end += len(buffer)
         self._offsets.extend(new_offsets)
+
+    def _cut_back(self, error: OSError) -> None:
+        """Drop whatever a failed append left after the last whole frame."""
+        try:
+            os.ftruncate(self._fd, self._end)
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as again:
+            self._unwritable = (
+                f"event log {self.path}: an append failed ({error}) and its partial frame "
+                f"could not be cut off ({again}); no more events are accepted. Free disk "
+                "space and restart exo (the torn frame is dropped on open)"
+            )
+            logger.critical(self._unwritable)
+        else:
+            logger.error(f"event log {self.path}: an append failed ({error}); cut back")
 
     def read(self, start: int = 0, stop: int | None = None) -> list[IndexedEvent]:
         """Events with `start <= index < stop`."""
@@ -120,14 +159,15 @@ class EventLog:
         """Drop every event from `next_index` on (a follower whose tail the master replaced)."""
         if next_index >= self.next_index:
             return
+        os.ftruncate(self._fd, self._offsets[next_index])
+        os.fsync(self._fd)
         self._end = self._offsets[next_index]
         del self._offsets[next_index:]
-        self._file.truncate(self._end)
-        self._file.flush()
-        os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _frames(data: bytes) -> Iterator[tuple[int, bytes | None]]:

@@ -23,7 +23,7 @@ from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
 from exo_core.election import Election, ElectionTiming, is_majority
 from exo_core.engine import Engine
-from exo_core.eventlog import EventLog
+from exo_core.eventlog import EventLog, LogWriteFailed
 from exo_core.events import (
     IndexedEvent,
     InstanceDeleted,
@@ -281,7 +281,11 @@ class Node:
             return  # only the master we follow writes our log
         if self.election.term < self.votes.term:
             return  # we voted for a newer term: this master is deposed
-        outcome = self.replica.ingest(batch.events, batch.prev_term)
+        try:
+            outcome = self.replica.ingest(batch.events, batch.prev_term)
+        except LogWriteFailed as e:  # not acknowledged; catch-up retries once there is room
+            logger.error(str(e))
+            return
         if outcome == Ingested.UP_TO_DATE:
             self._acknowledge()
         else:
@@ -358,7 +362,12 @@ class Node:
                     continue
                 if not isinstance(answer, EventBatch) or not answer.events:
                     return True
-                if self.replica.ingest(answer.events, answer.prev_term) == Ingested.DIVERGED:
+                try:
+                    outcome = self.replica.ingest(answer.events, answer.prev_term)
+                except LogWriteFailed as e:
+                    logger.error(str(e))
+                    return False
+                if outcome == Ingested.DIVERGED:
                     self.replica.truncate(self.replica.divergence_point())
         return False
 
