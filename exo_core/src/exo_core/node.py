@@ -19,6 +19,7 @@ from loguru import logger
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
+from exo_core.datadir import DataDirLock
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
 from exo_core.election import Election, ElectionTiming, is_majority
@@ -103,11 +104,13 @@ class Node:
         plugins: PluginHost,
         transport: Transport | None = None,
         election_timing: ElectionTiming = ElectionTiming(),
+        data_lock: DataDirLock | None = None,
     ) -> None:
         self.config = config
         self.plugins = plugins
         data = config.data_path
-        data.mkdir(parents=True, exist_ok=True)
+        # Before anything in the data directory is opened: one process per directory.
+        self.data_lock = data_lock or DataDirLock(data)
         self.transport = transport or self._make_transport(data)
         self.node_id = NodeId(self.transport.node_id)
         self.replica = Replica(EventLog(data / "events.log"))
@@ -253,6 +256,7 @@ class Node:
             with anyio.CancelScope(shield=True):
                 await self.transport.stop()
                 self.replica.log.close()
+                self.data_lock.release()
                 logger.info(f"node {self.node_id} stopped")
 
     async def _receive(self) -> None:

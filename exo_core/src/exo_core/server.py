@@ -11,6 +11,7 @@ from loguru import logger
 
 from exo_core.api.app import create_app
 from exo_core.config import NodeConfig
+from exo_core.datadir import DataDirLock
 from exo_core.node import Node
 from exo_core.plugin_host import PluginHost
 
@@ -61,11 +62,13 @@ async def serve_api(node: Node) -> None:
     logger.info("API stopped")
 
 
-async def run_node(config: NodeConfig, plugins: PluginHost) -> None:
+async def run_node(
+    config: NodeConfig, plugins: PluginHost, data_lock: DataDirLock | None = None
+) -> None:
     """Run a node (and its API unless disabled) until SIGINT or SIGTERM."""
     import signal
 
-    node = Node(config, plugins)
+    node = Node(config, plugins, data_lock=data_lock)
     extra = []
     if config.api:
         extra.append(lambda: serve_api(node))
