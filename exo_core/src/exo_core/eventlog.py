@@ -26,7 +26,7 @@ from pathlib import Path
 import msgspec
 from loguru import logger
 
-from exo_core.durable import fsync_dir, write_all
+from exo_core.durable import crash_point, crash_points_enabled, fsync_dir, write_all
 from exo_core.events import IndexedEvent
 
 _HEADER = struct.Struct("<II")
@@ -109,8 +109,16 @@ class EventLog:
             return
         if self._unwritable is not None:
             raise LogWriteFailed(self._unwritable)
+        crash_point("log-append", self.path)
         try:
-            write_all(self._fd, buffer)
+            if crash_points_enabled():  # the simulation may crash us with a frame half written
+                half = len(buffer) // 2
+                write_all(self._fd, buffer[:half])
+                crash_point("log-torn", self.path)
+                write_all(self._fd, buffer[half:])
+            else:
+                write_all(self._fd, buffer)
+            crash_point("log-written", self.path)
             if self._fsync:
                 os.fsync(self._fd)
         except OSError as e:

@@ -20,6 +20,7 @@ from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
 from exo_core.datadir import DataDirLock
+from exo_core.durable import replace_durably
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
 from exo_core.election import Election, ElectionTiming, is_majority
@@ -91,7 +92,7 @@ def _persistent_node_id(data_dir: Path) -> NodeId:
     if path.exists():
         return NodeId(path.read_text().strip())
     node_id = f"node-{uuid.uuid4().hex[:16]}"
-    path.write_text(node_id)
+    replace_durably(path, node_id.encode())
     return NodeId(node_id)
 
 

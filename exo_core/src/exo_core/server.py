@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 
 import anyio
@@ -14,6 +16,10 @@ from exo_core.config import NodeConfig
 from exo_core.datadir import DataDirLock
 from exo_core.node import Node
 from exo_core.plugin_host import PluginHost
+
+
+# How long a node may take to stop after SIGINT or SIGTERM before the process exits anyway.
+STOP_GRACE_S = 20.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -73,14 +79,34 @@ async def run_node(
     if config.api:
         extra.append(lambda: serve_api(node))
         logger.info(f"API on http://{config.api_host}:{config.api_port}")
-    async with anyio.create_task_group() as tg:
+    deadline: list[threading.Timer] = []
+    try:
+        async with anyio.create_task_group() as tg:
 
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    logger.info(f"received {signal.Signals(signum).name}; stopping")
-                    tg.cancel_scope.cancel()
-                    return
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        logger.info(f"received {signal.Signals(signum).name}; stopping")
+                        deadline.append(_exit_unless_stopped_within(STOP_GRACE_S))
+                        tg.cancel_scope.cancel()
+                        return
 
-        tg.start_soon(stop_on_signal)
-        await node.run(extra=extra)
+            tg.start_soon(stop_on_signal)
+            await node.run(extra=extra)
+    finally:
+        for timer in deadline:
+            timer.cancel()
+
+
+def _exit_unless_stopped_within(seconds: float) -> threading.Timer:
+    """A signal always stops the node: if stopping hangs (a runner or a connection that will
+    not end), the process exits anyway after `seconds`."""
+
+    def force() -> None:
+        logger.error(f"the node did not stop within {seconds:.0f}s of the signal; exiting now")
+        os._exit(1)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
+    return timer
