@@ -20,14 +20,9 @@ from exo_core.testing.processes import exo_processes, wait_until
 
 
 def second_exo(data_dir: Path, api_port: int) -> subprocess.CompletedProcess[str]:
+    args = ["--data-dir", str(data_dir), "--api-port", str(api_port), "--transport", "memory"]
     return subprocess.run(
-        [
-            sys.executable, "-m", "exo_core.cli", "--data-dir", str(data_dir),
-            "--api-port", str(api_port), "--transport", "memory",
-        ],  # fmt: skip
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "exo_core.cli", *args], capture_output=True, text=True, timeout=60
     )
 
 

@@ -12,16 +12,16 @@ nodes are idle), so a failing seed replays the same run: `pytest -k "seed_17"`.
 from __future__ import annotations
 
 import random
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import anyio
 import pytest
 
 from exo_core.commands import AddModelCard
+from exo_core.durable import crash_hook
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard
-from exo_core.durable import crash_hook
 from exo_core.testing.simulation import CrashPoints, SimCluster, run_simulation, sim_cluster
 from exo_core.transport.memory import Faults, MemoryNetwork
 from exo_core.votes import VoteBook

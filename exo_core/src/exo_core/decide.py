@@ -162,7 +162,7 @@ def _unsafe_id(command: Command) -> str | None:
 
 
 def _card_names(card: ModelCard) -> list[str]:
-    names = [card.model_id]
+    names: list[str] = [card.model_id]
     if card.source.startswith(HUB_SOURCE):
         names.append(card.source[len(HUB_SOURCE) :].partition("@")[0])
     return names

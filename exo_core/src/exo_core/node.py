@@ -20,9 +20,9 @@ from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
 from exo_core.datadir import DataDirLock
-from exo_core.durable import replace_durably
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
+from exo_core.durable import replace_durably
 from exo_core.election import Election, ElectionTiming, is_majority
 from exo_core.engine import Engine
 from exo_core.eventlog import EventLog, LogWriteFailed

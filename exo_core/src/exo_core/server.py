@@ -17,7 +17,6 @@ from exo_core.datadir import DataDirLock
 from exo_core.node import Node
 from exo_core.plugin_host import PluginHost
 
-
 # How long a node may take to stop after SIGINT or SIGTERM before the process exits anyway.
 STOP_GRACE_S = 20.0
 

@@ -23,7 +23,10 @@ def snapshot(root: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("model_id", UNSAFE_IDS)
 def test_import_gguf_refuses_ids_that_leave_the_models_dir(
-    model_id: str, tiny_gguf: Callable[..., Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model_id: str,
+    tiny_gguf: Callable[..., Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     data = tmp_path / "data"
     (data / "models" / "org--kept").mkdir(parents=True)

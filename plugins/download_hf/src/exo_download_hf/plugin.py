@@ -63,7 +63,9 @@ def exo_event_applied(event: IndexedEvent, state: State, ctx: Node) -> None:
             ref = ref_for(model_id, card)
             # Checked again here, whatever the master let through: an id that could lead out
             # of the models directories deletes nothing.
-            unsafe = [n for n in (model_id, ref.repo_id if ref else "") if n and not is_safe_model_id(n)]
+            unsafe = [
+                n for n in (model_id, ref.repo_id if ref else "") if n and not is_safe_model_id(n)
+            ]
             if unsafe:
                 logger.warning(f"refusing to delete the download of '{unsafe[0]}': unsafe model id")
             elif ref is not None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from urllib.parse import unquote
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 import anyio.to_thread
 import msgspec

@@ -31,11 +31,10 @@ def _import_gguf(args: argparse.Namespace) -> int:
     """Convert, then leave a card beside the model so that `exo` serves it under its id."""
     import sys
 
+    from exo_core.paths import UnsafeModelPath, check_model_id
     from exo_engine_mlx.cards import card_from_gguf, write_imported_card
     from exo_engine_mlx.gguf import GGUFImportError, import_gguf
     from exo_engine_mlx.gguf.cli import default_out_dir
-
-    from exo_core.paths import UnsafeModelPath, check_model_id
 
     try:
         check_model_id(args.model_id)
