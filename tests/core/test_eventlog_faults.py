@@ -16,11 +16,14 @@ import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from exo_core.eventlog import EventLog, LogWriteFailed
 from exo_core.events import IndexedEvent
+from exo_core.testing.harness import running_node
 from exo_core.testing.logwriter import event_at
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
 BATCHES = [1, 3, 1, 2, 1, 1, 4, 1]  # events per append
 EVENTS = sum(BATCHES)
@@ -177,7 +180,9 @@ CHILD = textwrap.dedent(
     import resource, sys
     from pathlib import Path
     from exo_core.eventlog import EventLog, LogWriteFailed
-    from exo_core.testing.logwriter import event_at
+    from exo_core.testing.harness import running_node
+from exo_core.testing.logwriter import event_at
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
     path, limit = Path(sys.argv[1]), int(sys.argv[2])
     log = EventLog(path)
@@ -210,3 +215,28 @@ def test_a_file_size_limit_in_a_real_process(tmp_path: Path, limit: int) -> None
     lines = child.stdout.split()
     assert lines[-2:] == ["failed", "1"], child.stdout
     assert reopened(path) == [event_at(i) for i in range(60)]
+
+
+def test_a_node_with_a_full_disk_refuses_commands_and_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master answers 507 while the disk is full, keeps serving, and continues the log
+    cleanly once there is room; the log reopens whole."""
+    data = tmp_path / "node"
+    disk = Disk(data / "events.log")
+    monkeypatch.setattr(os, "write", disk.write)
+    with running_node(data, [ScriptedEnginePlugin()]) as node:
+        disk.budget = (data / "events.log").stat().st_size + 10  # full within the next frame
+        body = {"model_id": "scripted-echo"}
+        full = httpx.post(f"{node.url}/instance", json=body, timeout=30)
+        assert full.status_code == 507, full.text
+        assert "not in the log" in full.json()["detail"]
+        assert httpx.get(f"{node.url}/healthz", timeout=5).status_code == 200
+        disk.free()
+        placed = httpx.post(f"{node.url}/instance", json=body, timeout=30)
+        assert placed.status_code == 201, placed.text
+        held = node.node.replica.next_index
+    log = EventLog(data / "events.log")
+    assert log.next_index >= held
+    assert [e.index for e in log] == list(range(log.next_index))
+    log.close()
