@@ -18,7 +18,7 @@ from exo_core.node import Node
 from exo_core.plugin_host import PluginHost
 
 # How long a node may take to stop after SIGINT or SIGTERM before the process exits anyway.
-STOP_GRACE_S = 20.0
+STOP_GRACE_S = 30.0
 
 
 class _Uvicorn(uvicorn.Server):
