@@ -180,9 +180,7 @@ CHILD = textwrap.dedent(
     import resource, sys
     from pathlib import Path
     from exo_core.eventlog import EventLog, LogWriteFailed
-    from exo_core.testing.harness import running_node
-from exo_core.testing.logwriter import event_at
-from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+    from exo_core.testing.logwriter import event_at
 
     path, limit = Path(sys.argv[1]), int(sys.argv[2])
     log = EventLog(path)
