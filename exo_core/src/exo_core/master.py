@@ -16,6 +16,7 @@ from loguru import logger
 
 from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.decide import CommandRefused, MasterContext, decide
+from exo_core.eventlog import LogWriteFailed
 from exo_core.events import Event, IndexedEvent, MasterElected
 from exo_core.ids import CommandId, NodeId
 from exo_core.replica import Replica
@@ -93,6 +94,7 @@ class Master:
         index = majority_index(acknowledged)
         if index >= self._first_index and index > self.commit_index:
             self.commit_index = index
+            self._replica.mark_committed(index)
             self._committed.set()
             self._committed = anyio.Event()
 
@@ -149,7 +151,10 @@ class Master:
             decision = decide(self._replica.state, envelope.command, self._ctx)
         except CommandRefused as e:
             return CommandResult(command_id=envelope.command_id, status=e.status, message=e.message)
-        last = await self._append(decision.events)
+        try:
+            last = await self._append(decision.events)
+        except LogWriteFailed as e:  # a full disk: refuse this command, keep serving
+            return CommandResult(command_id=envelope.command_id, status=507, message=str(e))
         return CommandResult(
             command_id=envelope.command_id, last_index=last, instance_id=decision.instance_id
         )

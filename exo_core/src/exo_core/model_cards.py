@@ -36,6 +36,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     model_id: ModelId
     family: str
+    # The architecture as a model's config.json names it (`model_type`, e.g. "qwen3_moe"):
+    # engines decide from it how the model can be split. Empty when not known.
+    model_type: str = ""
     # Transformer shape, for splitting a model over nodes. A model that is not split (an
     # engine with no layers to speak of) keeps the defaults: one layer, not tensor parallel.
     n_layers: int = 1

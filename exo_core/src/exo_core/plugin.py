@@ -30,6 +30,8 @@ from exo_core.api.dialect import (
     sse,
 )
 from exo_core.api.errors import native_error
+from exo_core.cluster_key import derive as derive_key
+from exo_core.cluster_key import network_key
 from exo_core.commands import (
     AddModelCard,
     CancelTask,
@@ -87,8 +89,16 @@ from exo_core.parsers import (
     read_hermes,
     tool_call,
 )
-from exo_core.placement import split_layers
-from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.paths import (
+    UnsafeModelPath,
+    check_model_id,
+    is_safe_model_id,
+    model_id_problem,
+    model_path,
+    remove_model_dir,
+)
+from exo_core.placement import runnable, split_layers
+from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.service import (
     GenerationError,
     GenerationService,
@@ -180,6 +190,7 @@ __all__ = [
     "NodeConfig",
     "NodeContext",
     "NodeId",
+    "NodeShare",
     "OutputParser",
     "ParserFactory",
     "PayloadTooLarge",
@@ -225,18 +236,27 @@ __all__ = [
     "TransportEvent",
     "TransportLagged",
     "TransportMessage",
+    "UnsafeModelPath",
     "Usage",
     "answer",
     "answered",
+    "check_model_id",
     "decode_body",
+    "derive_key",
     "dialect_router",
     "finish_failure",
     "hookimpl",
+    "is_safe_model_id",
     "load_card_dir",
+    "model_id_problem",
+    "model_path",
     "native_error",
     "ndjson",
+    "network_key",
     "new_id",
     "read_hermes",
+    "remove_model_dir",
+    "runnable",
     "split_layers",
     "sse",
     "tool_call",

@@ -5,12 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+import anyio.lowlevel
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.di import NamedDependency
 from litestar.exceptions import NotFoundException, ValidationException
 from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
+from loguru import logger
 
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
@@ -45,6 +47,20 @@ def _subtree(value: Any, path: str) -> Any:
     return value
 
 
+EVENTS_BATCH = 1000
+
+
+def _events_error(cursor: int, next_index: int) -> ServerSentEventMessage:
+    message = (
+        f"the event log holds no readable event at index {cursor} "
+        f"(it should hold up to {next_index - 1}); the stream ends here"
+    )
+    logger.error(f"/events: {message}")
+    return ServerSentEventMessage(
+        data=msgspec.json.encode({"error": message, "index": cursor}).decode(), event="error"
+    )
+
+
 class NativeController(Controller):
     tags = ["native"]
 
@@ -73,7 +89,10 @@ class NativeController(Controller):
 
     @get("/events")
     async def events(self, node: NodeDep, since: FromQuery[int] = 0) -> ServerSentEvent:
-        """Indexed events from `since` on, then live, as server-sent events (id = index)."""
+        """Indexed events from `since` on, then live, as server-sent events (id = index).
+
+        Events the log has cut behind a snapshot come as one `snapshot` message instead: the
+        state after them (id = the index of the last event it holds)."""
         if since < 0:
             raise ValidationException("since must not be negative")
 
@@ -82,13 +101,29 @@ class NativeController(Controller):
             replica = node.replica
             while True:
                 while cursor < replica.next_index:
-                    for event in replica.log.read(cursor, cursor + 1000):
+                    snapshot = replica.snapshot
+                    if cursor < replica.first_index and snapshot is not None:
+                        yield ServerSentEventMessage(
+                            data=msgspec.json.encode(snapshot.state).decode(),
+                            event="snapshot",
+                            id=str(snapshot.last_index),
+                        )
+                        cursor = snapshot.next_index
+                        continue
+                    batch = replica.log.read(cursor, cursor + EVENTS_BATCH)
+                    if not batch or batch[0].index != cursor:
+                        # The log does not hold what its index promises (damaged on disk?):
+                        # say so and end, rather than ask again and again.
+                        yield _events_error(cursor, replica.next_index)
+                        return
+                    for event in batch:
                         yield ServerSentEventMessage(
                             data=msgspec.json.encode(event).decode(),
                             event="event",
                             id=str(event.index),
                         )
                         cursor = event.index + 1
+                    await anyio.lowlevel.checkpoint()  # other requests run between batches
                 await replica.wait_change()
 
         return ServerSentEvent(stream())

@@ -9,6 +9,7 @@ The transport conformance suite is star-imported from `exo_core.testing.transpor
 (it holds pytest tests).
 """
 
+from exo_core.cli import main as exo_main
 from exo_core.testing.harness import (
     RunningCluster,
     RunningNode,
@@ -30,6 +31,7 @@ __all__ = [
     "ScriptedEngine",
     "ScriptedEnginePlugin",
     "converged",
+    "exo_main",
     "exo_processes",
     "free_port",
     "running_cluster",

@@ -7,10 +7,11 @@ faults come from the seed, and time only moves when every node is idle.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -26,12 +27,18 @@ from exo_core.transport.memory import MemoryNetwork
 T = TypeVar("T")
 
 
+class SimulatedCrash(Exception):
+    """A node crashed at a crash point: it ends there, leaving its files as they are."""
+
+
 @dataclass
 class SimNode:
     index: int
     node: Node
     scope: anyio.CancelScope
     stopped: anyio.Event = field(default_factory=anyio.Event)
+    # Set when a crash point ended it: every later write of this incarnation fails.
+    crashed: bool = False
 
     @property
     def alive(self) -> bool:
@@ -46,8 +53,10 @@ class SimCluster:
         tg: TaskGroup,
         plugins: Callable[[int], list[object]],
         timing: ElectionTiming,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.root = root
+        self._config = config or {}
         self.network = network
         self._tg = tg
         self._plugins = plugins
@@ -63,6 +72,7 @@ class SimCluster:
             api=False,
             transport="memory",
             listen_host="127.0.0.1",
+            **self._config,
         )
         node = Node(
             config,
@@ -73,9 +83,13 @@ class SimCluster:
         sim = SimNode(index, node, anyio.CancelScope())
 
         async def run() -> None:
-            with sim.scope:
-                await node.run()
-            sim.stopped.set()
+            try:
+                with sim.scope:
+                    await node.run()
+            except* SimulatedCrash:
+                pass  # the crash point already ended the node (see CrashPoints)
+            finally:
+                sim.stopped.set()
 
         self._tg.start_soon(run)
         if index < len(self.nodes):
@@ -104,6 +118,49 @@ class SimCluster:
                 await anyio.sleep(0.05)
 
 
+class CrashPoints:
+    """Crashes nodes at random crash points inside durable writes: vote files (written,
+    synced, renamed) and event log appends (before, with a frame half written, written).
+
+    Install with `exo_core.durable.crash_hook(points)`. A crash cancels the node and raises
+    `SimulatedCrash` from the write, so nothing after that point reaches the disk."""
+
+    def __init__(
+        self,
+        cluster: SimCluster,
+        rng: random.Random,
+        probability: float,
+        may_crash: Callable[[SimNode], bool] = lambda sim: True,
+        on_crash: Callable[[SimNode, str], None] = lambda sim, point: None,
+    ) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.probability = probability
+        self.may_crash = may_crash
+        self.on_crash = on_crash
+        self.crashes: list[tuple[int, str]] = []
+
+    def _owner(self, path: Path) -> SimNode | None:
+        for sim in self.cluster.nodes:
+            if path.is_relative_to(sim.node.config.data_path):
+                return sim
+        return None
+
+    def __call__(self, point: str, path: Path) -> None:
+        sim = self._owner(path)
+        if sim is None:
+            return
+        if sim.crashed:
+            raise SimulatedCrash(f"node {sim.index} is down")
+        if self.rng.random() >= self.probability or not self.may_crash(sim):
+            return
+        sim.crashed = True
+        self.crashes.append((sim.index, point))
+        self.on_crash(sim, point)
+        sim.scope.cancel()
+        raise SimulatedCrash(f"node {sim.index} crashed at {point} of {path.name}")
+
+
 @contextlib.asynccontextmanager
 async def sim_cluster(
     root: Path,
@@ -111,9 +168,11 @@ async def sim_cluster(
     network: MemoryNetwork,
     plugins: Callable[[int], list[object]] = lambda i: [],
     timing: ElectionTiming = ElectionTiming(heartbeat=0.5, timeout=2.0, settle=1.0),
+    **config: Any,
 ) -> AsyncIterator[SimCluster]:
+    """`count` nodes; `config` holds `NodeConfig` fields for every node."""
     async with anyio.create_task_group() as tg:
-        cluster = SimCluster(root, network, tg, plugins, timing)
+        cluster = SimCluster(root, network, tg, plugins, timing, config)
         for i in range(count):
             await cluster.start(i)
         try:
@@ -127,4 +186,11 @@ def run_simulation(body: Callable[[], Awaitable[T]]) -> T:
     return anyio.run(body, backend="asyncio", backend_options=virtual_time_options())
 
 
-__all__ = ["SimCluster", "SimNode", "run_simulation", "sim_cluster"]
+__all__ = [
+    "CrashPoints",
+    "SimCluster",
+    "SimNode",
+    "SimulatedCrash",
+    "run_simulation",
+    "sim_cluster",
+]

@@ -26,6 +26,7 @@ from exo_core.plugin import (
     ReportEvents,
     State,
     hookimpl,
+    is_safe_model_id,
 )
 from exo_download_hf.cards import HubRef, builtin_cards, ref_for
 from exo_download_hf.dirs import ModelDirs
@@ -66,7 +67,14 @@ def exo_event_applied(event: IndexedEvent, state: State, ctx: NodeContext) -> No
         case DownloadDeleted(node_id=node_id, model_id=model_id) if node_id == ctx.node_id:
             card = ctx.card(model_id)
             ref = ref_for(model_id, card)
-            if ref is not None:
+            # Checked again here, whatever the master let through: an id that could lead out
+            # of the models directories deletes nothing.
+            unsafe = [
+                n for n in (model_id, ref.repo_id if ref else "") if n and not is_safe_model_id(n)
+            ]
+            if unsafe:
+                logger.warning(f"refusing to delete the download of '{unsafe[0]}': unsafe model id")
+            elif ref is not None:
                 # The hook must not block: the deletion runs in the node's task group.
                 ctx.spawn(partial(_delete_requested, ctx, downloader, card, ref))
         case DownloadProgressed(progress=p) if p.node_id == ctx.node_id:

@@ -34,4 +34,5 @@ def exo_transport(config: NodeConfig) -> Transport | None:
         port=int(config.plugin_options.get("libp2p_port", 0)),
         bootstrap_peers=config.bootstrap_peers,
         mdns=not config.plugin_options.get("no_mdns", False),
+        cluster_key=config.cluster_key,
     )
