@@ -47,11 +47,13 @@ from litestar.types import ExceptionHandlersMap, Method, Receive, Scope, Send
 from loguru import logger
 
 from exo_core.generation import Chunk, FinishChunk, FinishReason, KeepAliveChunk
+from exo_core.redact import public_message
 from exo_core.service import GenerationError, InvalidRequest
 
 __all__ = [
     "CLIENT_GONE",
     "HTTP_METHODS",
+    "INTERNAL_ERROR",
     "NDJSON_MEDIA_TYPE",
     "SSE_HEADERS",
     "SSE_MEDIA_TYPE",
@@ -105,6 +107,9 @@ exception is what was raised (a `GenerationError`, a Litestar `HTTPException`, o
 dialects whose errors carry a code."""
 
 
+# The body of a 500 for a bug: what failed is in the node's log, not in the answer.
+INTERNAL_ERROR = "the node failed to handle this request (see its log for details)"
+
 # Why a collected generation has no finish chunk (its stream ended early).
 UNFINISHED = "the generation ended without finishing"
 
@@ -144,8 +149,9 @@ def exception_handlers(error_body: ErrorBody) -> ExceptionHandlersMap:
         return respond(exc.status_code, exc.detail, exc)
 
     def on_unexpected(request: AnyRequest, exc: Exception) -> Response[Any]:
+        # A bug: the trace goes to the log, the caller learns only that the node failed.
         logger.opt(exception=exc).error(f"{request.method} {request.url.path} failed")
-        return respond(500, f"internal error: {exc!r}", exc)
+        return respond(500, INTERNAL_ERROR, exc)
 
     # ValidationException is listed itself: the app maps it to the native shape, and a handler
     # for the exact class would win over ours for its base class.
@@ -252,7 +258,7 @@ async def frames(renderer: Renderer, chunks: AsyncIterator[Chunk]) -> AsyncGener
                     yield frame.encode()
         except Exception as e:
             logger.opt(exception=e).warning("generation failed mid-stream")
-            for frame in renderer.fail(f"generation failed: {e!r}"):
+            for frame in renderer.fail(f"generation failed: {public_message(e)}"):
                 yield frame.encode()
 
 

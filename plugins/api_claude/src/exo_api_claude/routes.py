@@ -17,7 +17,7 @@ from exo_core.service import GenerationService
 async def create_message(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    chunks = await generation.generate(req.model, params, translate.FIELD_NAMES)
     if req.stream:
         return sse(translate.MessageStream(req.model), chunks)
     return await answer(request, chunks, lambda collected: translate.message(req.model, collected))

@@ -80,7 +80,8 @@ async def chat(request: AnyRequest, generation: GenerationService) -> Response[A
     reply = translate.Reply(req.model, "chat")
     if not req.messages:
         return await _load(generation, card, reply, req)
-    chunks = await generation.generate(card.model_id, translate.chat_params(req, card))
+    params = translate.chat_params(req, card)
+    chunks = await generation.generate(card.model_id, params, translate.FIELD_NAMES)
     return await _answer(request, reply, chunks, req.stream)
 
 
@@ -91,7 +92,8 @@ async def generate(request: AnyRequest, generation: GenerationService) -> Respon
     reply = translate.Reply(req.model, "generate")
     if not req.prompt and not req.images:
         return await _load(generation, card, reply, req)
-    chunks = await generation.generate(card.model_id, translate.generate_params(req, card))
+    params = translate.generate_params(req, card)
+    chunks = await generation.generate(card.model_id, params, translate.FIELD_NAMES)
     return await _answer(request, reply, chunks, req.stream)
 
 

@@ -19,7 +19,7 @@ from exo_core.service import GenerationService, ModelNotFound
 async def chat_completions(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatCompletionRequest)
     params = chat.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    chunks = await generation.generate(req.model, params, chat.field_names(req))
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
         return sse(chat.ChatStream(req.model, include_usage=usage), chunks)
@@ -30,7 +30,7 @@ async def chat_completions(request: AnyRequest, generation: GenerationService) -
 async def create_response(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ResponsesRequest)
     params = responses.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    chunks = await generation.generate(req.model, params, responses.FIELD_NAMES)
     builder = responses.ResponseBuilder(
         req.model, responses.echo(req, params), logprobs=params.logprobs
     )
