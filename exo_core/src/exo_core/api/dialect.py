@@ -6,17 +6,19 @@ here, so each plugin keeps only its translation and its error shape:
 
 - `dialect_router` mounts the handlers under a path and answers every failure below it (the
   core's refusals, unknown paths, wrong methods, bugs) in the dialect's error shape.
-- `decode_body` reads a JSON body into a msgspec type, with 400s that say what is wrong.
+- `decode_body` reads a JSON body into a msgspec type, with 400s that say what is wrong;
+  `documented_body` puts that type in the OpenAPI schema.
 - `sse` / `ndjson` stream rendered chunks; the generation is cancelled as soon as the client
   leaves, and a failure after the first byte is reported in-band by the renderer.
 - `answer` collects a non-streamed generation, cancelling it if the client leaves first.
 
 A route typically reads::
 
-    @post("/chat", status_code=200)
+    @post("/chat", status_code=200, dependencies=documented_body(ChatRequest))
     async def chat(request: Request, generation: GenerationService) -> Response[Any]:
         req = decode_body(await request.body(), ChatRequest)
-        chunks = await generation.generate(req.model, to_params(req, generation.resolve(req.model)))
+        params = to_params(req, generation.resolve(req.model))
+        chunks = await generation.generate(req.model, params, MY_FIELD_NAMES)
         if req.stream:
             return sse(ChatStream(req.model), chunks)
         return await answer(request, chunks, lambda collected: completion(req.model, collected))
@@ -34,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import msgspec
 from litestar import Request, Response, Router, route
+from litestar.di import Provide
 from litestar.exceptions import (
     HTTPException,
     MethodNotAllowedException,
@@ -69,6 +72,7 @@ __all__ = [
     "collect",
     "decode_body",
     "dialect_router",
+    "documented_body",
     "exception_handlers",
     "finish_failure",
     "frames",
@@ -177,6 +181,22 @@ def decode_body(body: bytes, type_: type[T]) -> T:
         raise InvalidRequest(f"invalid request body: {e}") from e
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from e
+
+
+def documented_body(type_: type[Any]) -> dict[str, Provide]:
+    """Route dependencies that make the OpenAPI schema document `type_` as the route's JSON
+    body, for a handler that reads its body itself with `decode_body`::
+
+        @post("/chat", dependencies=documented_body(ChatRequest))
+
+    Litestar documents the `data` parameter of a route's dependencies as its body; this one is
+    never called (the handler does not ask for it), so the body is still decoded only once."""
+
+    def body_schema(data: Any) -> None:  # pragma: no cover - never called
+        return None
+
+    body_schema.__annotations__ = {"data": type_, "return": None}
+    return {"documented_body": Provide(body_schema, sync_to_thread=False)}
 
 
 # -- streamed responses ------------------------------------------------------------------------
