@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "scripted-echo"
 EXAMPLES = 15
-BUDGET_S = 150.0
+BUDGET_S = 100.0
 # Routes whose answer never ends by itself (an event stream).
 SKIPPED = {("GET", "/events")}
 # The same handlers as /api/..., under Ollama's other base URL.
