@@ -47,13 +47,20 @@ def test_three_failures_delete_the_instance_and_reset_the_count(
         created = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
         instance_id = created["instance_id"]
         wait_for(lambda: instance_id not in node.node.state.instances)
+
+        def failures() -> list[int]:
+            return [
+                e.event.runner.failures
+                for e in node.node.replica.log
+                if isinstance(e.event, RunnerStatusChanged)
+                and e.event.runner.status == RunnerStatus.FAILED
+            ]
+
+        # The last failure is reported through the worker's outbox, the delete directly: the
+        # report may land just after the deletion.
+        wait_for(lambda: len(failures()) >= 3)
+        assert failures() == [1, 2, 3]
         events = [e.event for e in node.node.replica.log]
-        failures = [
-            e.runner.failures
-            for e in events
-            if isinstance(e, RunnerStatusChanged) and e.runner.status == RunnerStatus.FAILED
-        ]
-        assert failures == [1, 2, 3]
         deleted = [e for e in events if isinstance(e, InstanceDeleted)]
         assert (
             "failed 3 times" in deleted[-1].reason and "scripted load failure" in deleted[-1].reason
