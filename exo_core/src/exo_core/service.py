@@ -26,7 +26,8 @@ from exo_core.generation import (
     ToolCallChunk,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
-from exo_core.model_cards import Capability, ModelCard
+from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
+from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, Task
 
 if TYPE_CHECKING:
@@ -57,6 +58,11 @@ class NoInstance(GenerationError):
 
 def validate(card: ModelCard, params: GenerationParams) -> None:
     """Refuse what the model cannot do, with a message that says what is wrong."""
+    if ModelTask.TEXT_GENERATION not in card.tasks:
+        raise InvalidRequest(
+            f"model '{card.model_id}' generates images, not text; use the image routes "
+            "(POST /v1/images/generations)"
+        )
     if not params.messages and params.prompt is None:
         raise InvalidRequest("the request has no messages")
     if params.max_tokens is not None and params.max_tokens < 1:
@@ -126,8 +132,24 @@ class GenerationService:
         instance = await self.instance_for(card)
         return self._stream(card, instance.instance_id, params)
 
+    async def generate_images(self, model_id: str, request: ImageRequest) -> AsyncIterator[Chunk]:
+        """Stream an image generation (progress, partial and final images, then a finish).
+
+        Raises `GenerationError` before the first chunk when refused; leaving early cancels."""
+        card = self.resolve(model_id)
+        try:
+            validate_image_request(card, request)
+        except InvalidImageRequest as e:
+            raise InvalidRequest(str(e)) from None
+        instance = await self.instance_for(card)
+        return self._stream(card, instance.instance_id, GenerationParams(), image=request)
+
     async def _stream(
-        self, card: ModelCard, instance_id: InstanceId, params: GenerationParams
+        self,
+        card: ModelCard,
+        instance_id: InstanceId,
+        params: GenerationParams,
+        image: ImageRequest | None = None,
     ) -> AsyncIterator[Chunk]:
         node = self._node
         task = Task(
@@ -136,9 +158,10 @@ class GenerationService:
             model_id=card.model_id,
             origin_node=node.node_id,
             params=params,
+            image=image,
         )
         chunks = node.router.open(task.task_id, instance_id)
-        parser = node.parser_for(card, params)
+        parser = node.parser_for(card, params) if image is None else None
         done = False
         called_tools = False
         try:
