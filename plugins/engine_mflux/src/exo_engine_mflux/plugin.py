@@ -18,6 +18,13 @@ def exo_engines(config: NodeConfig) -> list[Engine]:
 
 
 @hookimpl
+def exo_model_cards(config: NodeConfig) -> list[ModelCard]:
+    from exo_engine_mflux.cards import local_image_cards
+
+    return local_image_cards(config.models_dir)
+
+
+@hookimpl
 def exo_place_instance(
     card: ModelCard, request: PlacementRequest, state: State
 ) -> list[PlacementOption] | None:

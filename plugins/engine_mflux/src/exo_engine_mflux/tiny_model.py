@@ -156,3 +156,34 @@ def write_tiny_flux(
     t5["shared.weight"] = mx.zeros((t5_vocab, 4096))
     sizes["t5_encoder"] = _save_component(root, "text_encoder_2", _randomized(t5, seed + 3))
     return sizes
+
+
+def write_tiny_model_with_card(root: Path, model_id: str, **kwargs: int | bool) -> Path:
+    """The tiny model plus its exo card (`exo-card.json`), so that `exo` serves it as
+    `model_id` when `root` is in its models directory."""
+    from exo_engine_mflux.cards import local_flux_card, write_card
+
+    sizes = write_tiny_flux(root, **kwargs)  # type: ignore[arg-type]
+    blocks = int(kwargs.get("joint_blocks", 0)) + int(kwargs.get("single_blocks", 1))
+    write_card(root, local_flux_card(root, model_id, sizes, blocks=blocks))
+    return root
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="write a tiny random-weight FLUX.1 model")
+    parser.add_argument("out", help="the model directory (e.g. <exo data dir>/models/tiny-flux)")
+    parser.add_argument("--model-id", default="tiny-flux")
+    parser.add_argument("--joint-blocks", type=int, default=0)
+    parser.add_argument("--single-blocks", type=int, default=1)
+    args = parser.parse_args()
+    out = Path(args.out)
+    write_tiny_model_with_card(
+        out, args.model_id, joint_blocks=args.joint_blocks, single_blocks=args.single_blocks
+    )
+    print(f"wrote {args.model_id} to {out}")
+
+
+if __name__ == "__main__":
+    main()
