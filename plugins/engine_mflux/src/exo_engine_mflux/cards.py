@@ -1,4 +1,4 @@
-"""Image model cards found beside local models (`<models dir>/<name>/exo-card.json`)."""
+"""Image model cards found beside local models (`<models dir>/<name>/exo-image-card.json`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from loguru import logger
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard, ModelComponent, ModelTask
 
-CARD_FILE = "exo-card.json"
+# Not engine_mlx's `exo-card.json`: without this plugin, an image card must not appear at all.
+CARD_FILE = "exo-image-card.json"
 # mflux's component directories, by the card's component names.
 COMPONENT_DIRS = {
     "transformer": "transformer",

@@ -159,7 +159,7 @@ def write_tiny_flux(
 
 
 def write_tiny_model_with_card(root: Path, model_id: str, **kwargs: int | bool) -> Path:
-    """The tiny model plus its exo card (`exo-card.json`), so that `exo` serves it as
+    """The tiny model plus its exo card (`exo-image-card.json`), so that `exo` serves it as
     `model_id` when `root` is in its models directory."""
     from exo_engine_mflux.cards import local_flux_card, write_card
 
