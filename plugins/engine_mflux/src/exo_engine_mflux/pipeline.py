@@ -84,7 +84,10 @@ def _block_count(component: Path, prefix: str, position: int) -> int | None:
     index = component / "model.safetensors.index.json"
     if not index.is_file():
         return None
-    names = json.loads(index.read_text()).get("weight_map", {})
+    content = json.loads(index.read_text())
+    if "mflux_version" not in content.get("metadata", {}):
+        return None  # a hub (diffusers) layout: mflux maps its names, and it is complete
+    names = content.get("weight_map", {})
     found = {int(n.split(".")[position]) for n in names if n.startswith(prefix)}
     return max(found) + 1 if found else 0
 

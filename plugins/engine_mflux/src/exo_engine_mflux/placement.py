@@ -11,6 +11,7 @@ from exo_core.model_cards import ModelCard
 from exo_core.placement import human_bytes
 from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.state import NodeInfo, State
+from exo_engine_mflux.engine import FAMILIES
 
 ENGINE = "mflux"
 
@@ -29,6 +30,11 @@ def place_image_model(
     card: ModelCard, request: PlacementRequest, state: State
 ) -> list[PlacementOption]:
     """Every node that can run `card` alone, most free memory first; or `PlacementRefused`."""
+    if card.family not in FAMILIES:
+        raise PlacementRefused(
+            f"the image engine does not run the model family '{card.family}' of "
+            f"{card.model_id} yet (it runs {', '.join(sorted(FAMILIES))})"
+        )
     if request.sharding == "tensor":
         raise PlacementRefused(f"{card.model_id} is an image model: it has no tensor parallel")
     if request.min_nodes > 1:
