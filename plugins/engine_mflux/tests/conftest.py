@@ -1,5 +1,5 @@
 """Fixtures of the image engine tests: one tiny random-weight FLUX.1 model per session, and
-a real node (every installed plugin, real image runner subprocess) serving it over HTTP."""
+a real `exo` process (every installed plugin, a real image runner subprocess) serving it."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from PIL import Image
 
-from exo_core.testing.harness import running_node
+from exo_core.testing.processes import exo_processes, wait_until
 
 MODEL_ID = "tiny-flux"
 SIZE = "64x64"
@@ -20,7 +21,7 @@ SIZE = "64x64"
 
 @pytest.fixture(scope="session")
 def tiny_flux(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The model directory: mflux's saved layout, 1 single block, ~1.2 GB of fp32 weights."""
+    """The model directory: mflux's saved layout, 1 single block, ~600 MB of bf16 weights."""
     from exo_engine_mflux.tiny_model import write_tiny_model_with_card
 
     return write_tiny_model_with_card(tmp_path_factory.mktemp("image-models") / MODEL_ID, MODEL_ID)
@@ -44,10 +45,17 @@ class ImageNode:
 
 @pytest.fixture(scope="session")
 def image_node(tmp_path_factory: pytest.TempPathFactory, tiny_flux: Path) -> Iterator[ImageNode]:
-    data = tmp_path_factory.mktemp("image-node")
-    link_model(data, tiny_flux)
-    with running_node(data, entry_points=True, keepalive_s=1.0) as node:
-        yield ImageNode(url=node.url, data_dir=data)
+    root = tmp_path_factory.mktemp("image-node")
+    link_model(root / "node0", tiny_flux)
+    # No warm-up generation: the tests' first request is the warm-up.
+    env = {"EXO_RUNNER_WARMUP": "0"}
+    with exo_processes(root, 1, extra_args=[["--transport", "memory"]], env=env) as (node,):
+        wait_until(lambda: MODEL_ID in models(node.url), timeout=60)
+        yield ImageNode(url=node.url, data_dir=node.data_dir)
+
+
+def models(url: str) -> set[str]:
+    return {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=5).json()["data"]}
 
 
 def png_bytes(

@@ -1,5 +1,5 @@
-"""The image routes end to end: the official openai client against a real node running the
-tiny FLUX.1 model in a real image runner (mflux's own loader and pipeline)."""
+"""The image routes end to end: the official openai client against a real `exo` process
+running the tiny FLUX.1 model in a real image runner (mflux's own loader and pipeline)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .conftest import MODEL_ID, SIZE, ImageNode, png_bytes
 
 pytestmark = pytest.mark.slow
 
-FAST = {"seed": 7, "num_inference_steps": 2}
+FAST = {"seed": 7, "num_inference_steps": 1}
 
 
 def _image(b64: str | None) -> Image.Image:

@@ -42,8 +42,9 @@ def local_flux_card(
     blocks: int,
     family: str = "flux1-schnell",
     edits: bool = True,
+    quantization: str = "bf16",
 ) -> ModelCard:
-    """A card for a FLUX.1 model in mflux's saved layout at `model_dir` (fp32 weights).
+    """A card for a FLUX.1 model in mflux's saved layout at `model_dir` (bf16 weights).
 
     A text-to-image FLUX.1 model also edits (image to image from the upload)."""
     tasks = (ModelTask.IMAGE_GENERATION, *((ModelTask.IMAGE_EDIT,) if edits else ()))
@@ -53,6 +54,7 @@ def local_flux_card(
         n_layers=blocks,
         hidden_size=3072,
         storage_size_bytes=sum(sizes.values()),
+        quantization=quantization,
         tasks=tasks,
         capabilities=(),
         source=f"local:{model_dir}",

@@ -79,6 +79,17 @@ def _trim_encoders(model: Any, path: Path) -> None:
         model.clip_text_encoder.text_model.encoder.layers = layers[:clip]
 
 
+def _to_fp32(model: Any) -> None:
+    """Weights saved in bf16 (mflux-saved models, the test model) run in fp32 too."""
+    from mlx.utils import tree_map
+
+    def cast(value: mx.array) -> mx.array:
+        floating = mx.issubdtype(value.dtype, mx.floating)
+        return value.astype(mx.float32) if floating and value.dtype != mx.float32 else value
+
+    model.update(tree_map(cast, model.parameters()))
+
+
 def _block_count(component: Path, prefix: str, position: int) -> int | None:
     """Blocks named in an mflux-saved component's index (None: not an mflux-saved component)."""
     index = component / "model.safetensors.index.json"
@@ -118,6 +129,7 @@ def load(family: str, path: Path) -> LoadedModel:
 
         model = Flux1(model_config=config, model_path=str(path))
     _trim_encoders(model, path)
+    _to_fp32(model)
     limit = _t5_max_length(path)
     t5 = model.tokenizers["t5"]
     if limit is not None and limit < t5.max_length:
