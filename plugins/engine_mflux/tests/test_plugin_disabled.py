@@ -39,3 +39,8 @@ def test_disabling_the_plugin_leaves_text_generation_working(tmp_path: Path) -> 
         assert reply.choices[0].message.content
         with pytest.raises(openai.NotFoundError):
             client.images.generate(model=MODEL_ID, prompt="x", size="64x64")
+        # A built-in image card is still listed, and placement says why it cannot run.
+        with pytest.raises(openai.APIStatusError, match="no image engine plugin"):
+            client.images.generate(
+                model="black-forest-labs/FLUX.1-schnell", prompt="x", size="64x64"
+            )
