@@ -38,6 +38,10 @@ def link_model(data_dir: Path, model: Path) -> None:
 class ImageNode:
     url: str
     data_dir: Path
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
@@ -51,7 +55,7 @@ def image_node(tmp_path_factory: pytest.TempPathFactory, tiny_flux: Path) -> Ite
     env = {"EXO_RUNNER_WARMUP": "0"}
     with exo_processes(root, 1, extra_args=[["--transport", "memory"]], env=env) as (node,):
         wait_until(lambda: MODEL_ID in models(node.url), timeout=60)
-        yield ImageNode(url=node.url, data_dir=node.data_dir)
+        yield ImageNode(url=node.url, data_dir=node.data_dir, log_path=node.log_path)
 
 
 def models(url: str) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
 
 import httpx
 import openai
@@ -140,6 +141,9 @@ def test_a_disconnect_cancels_at_the_next_step_and_the_next_request_runs(
     assert answer.data is not None and _image(answer.data[0].b64_json).size == (64, 64)
     tasks = httpx.get(f"{image_node.url}/state/tasks", timeout=10).json()
     assert tasks == {}
+    # The runner stopped at a step boundary soon after the client left, not after 200 steps.
+    stopped = re.findall(r"cancelled after step (\d+) of 200", image_node.log())
+    assert len(stopped) == 1 and int(stopped[0]) < 20, stopped
 
 
 @pytest.mark.parametrize(

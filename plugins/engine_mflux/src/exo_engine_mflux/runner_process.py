@@ -105,7 +105,7 @@ def run_request(
             def on_step(step: pipeline.Step, index: int = index, seed: int = image_seed) -> None:
                 nonlocal sent_partials
                 if inbox.should_stop(task_id):
-                    raise pipeline.Cancelled
+                    raise pipeline.Cancelled(f"after step {step.done - 1} of {step.total}")
                 out.chunk(
                     ProgressChunk(task_id=task_id, step=step.done, total=step.total, index=index)
                 )
@@ -155,7 +155,9 @@ def run_request(
                 )
             )
         out.chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=Usage()))
-    except pipeline.Cancelled:
+    except pipeline.Cancelled as e:
+        # In the node's log: how far a cancelled generation got.
+        print(f"image task {task_id} cancelled {e}".rstrip(), file=sys.stderr, flush=True)
         out.chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.CANCELLED))
     except Exception as e:
         # One bad request (an undecodable upload, say) fails alone; the runner keeps serving.
