@@ -72,3 +72,12 @@ def test_families_the_engine_cannot_run_are_refused() -> None:
     card = load_card_file(CARDS / "Qwen--Qwen-Image.toml")
     with pytest.raises(PlacementRefused, match="does not run the model family 'qwen-image'"):
         place_image_model(card, _request(card), _state(_node("a", 500)))
+
+
+def test_the_engine_refuses_splits_too() -> None:
+    from exo_engine_mflux.engine import MfluxEngine
+
+    engine, card = MfluxEngine(), _schnell()
+    assert engine.can_serve(card)
+    assert engine.sharding_refusal(card, "pipeline", 1) is None
+    assert "one node" in (engine.sharding_refusal(card, "pipeline", 2) or "")

@@ -8,6 +8,7 @@ from pathlib import Path
 from exo_core.blas import runner_env
 from exo_core.engine import Engine, Runner, RunnerSpec
 from exo_core.model_cards import ModelCard
+from exo_core.state import Sharding
 from exo_engine_mflux.runner import ImageRunner
 
 LOCAL_SCHEME = "local:"
@@ -27,6 +28,11 @@ class MfluxEngine(Engine):
 
     def can_serve(self, card: ModelCard) -> bool:
         return card.makes_images and card.family in FAMILIES
+
+    def sharding_refusal(self, card: ModelCard, sharding: Sharding, ranks: int) -> str | None:
+        if ranks > 1 or sharding == "tensor":
+            return "an image model runs on one node: splitting its transformer is not built yet"
+        return None
 
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         if card.source.startswith(LOCAL_SCHEME):
