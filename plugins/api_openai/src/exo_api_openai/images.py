@@ -237,8 +237,11 @@ class ImageStream:
         return [f"data: {json.dumps(common.error_body(500, message))}\n\n", "data: [DONE]\n\n"]
 
 
-def store_for(data_dir: Path, stores: dict[Path, ImageStore] = {}) -> ImageStore:  # noqa: B006
+_STORES: dict[Path, ImageStore] = {}
+
+
+def store_for(data_dir: Path) -> ImageStore:
     """One store per data directory (the node's), shared by its routes."""
-    if data_dir not in stores:
-        stores[data_dir] = ImageStore.from_env(data_dir)
-    return stores[data_dir]
+    if data_dir not in _STORES:
+        _STORES[data_dir] = ImageStore.from_env(data_dir)
+    return _STORES[data_dir]
