@@ -24,6 +24,17 @@ def _peers(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
 
 
+def _add_http_options(parser: argparse.ArgumentParser) -> None:
+    """Who may use the HTTP API (see exo_core.api.security)."""
+    http = parser.add_argument_group("HTTP access")
+    http.add_argument("--api-key", default=os.environ.get("EXO_API_KEY", ""),
+        help="require this key (Authorization: Bearer or x-api-key) on every route but /healthz")  # fmt: skip
+    http.add_argument("--cors-origin", action="append", default=_peers(os.environ.get("EXO_CORS_ORIGINS", "")),
+        metavar="ORIGIN", help="a web origin allowed to call the API (repeatable; CORS is off by default)")  # fmt: skip
+    http.add_argument("--allowed-host", action="append", default=_peers(os.environ.get("EXO_ALLOWED_HOSTS", "")),
+        metavar="NAME", help="a host name the API answers to besides IPs, localhost and this machine's name")  # fmt: skip
+
+
 def core_parser() -> argparse.ArgumentParser:
     """The `exo` command line with only the core's own options (plugins add theirs)."""
     parser = argparse.ArgumentParser(
@@ -55,6 +66,7 @@ def core_parser() -> argparse.ArgumentParser:
     add("--transport", default="", help="transport plugin to use ('memory': run alone)")
     add("--disable-plugin", action="append", default=[], metavar="NAME",
         help="leave a plugin out (repeatable); see `exo plugins`")  # fmt: skip
+    _add_http_options(parser)
     return parser
 
 
@@ -109,6 +121,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         verbosity=args.verbose - args.quiet,
         disabled_plugins=args.disable_plugin,
         transport=args.transport,
+        api_key=args.api_key,
+        cors_origins=args.cors_origin,
+        allowed_hosts=args.allowed_host,
         plugin_options={k: v for k, v in vars(args).items() if k not in core_dests()},
     )
 

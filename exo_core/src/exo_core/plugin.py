@@ -25,11 +25,25 @@ from exo_core.api.dialect import (
     answered,
     decode_body,
     dialect_router,
+    documented_body,
+    exception_handlers,
     finish_failure,
     ndjson,
     sse,
 )
 from exo_core.api.errors import native_error
+from exo_core.api.security import ACCEPTS_OPT
+from exo_core.blas import (
+    GEMM_SYMBOLS,
+    blas_threads,
+    build_prefix_shim,
+    candidates,
+    find_fast_blas,
+    loaded_blas,
+    preload_works,
+    runner_env,
+    shim_for,
+)
 from exo_core.cluster_key import derive as derive_key
 from exo_core.cluster_key import network_key
 from exo_core.commands import (
@@ -63,7 +77,9 @@ from exo_core.generation import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    ImageChunk,
     KeepAliveChunk,
+    ProgressChunk,
     SamplingParams,
     TextChunk,
     ThinkingChunk,
@@ -76,7 +92,15 @@ from exo_core.generation import (
 )
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId, new_id
-from exo_core.model_cards import Capability, ModelCard, ModelTask, load_card_dir
+from exo_core.images import ImageFormat, ImageRequest, InvalidImageRequest, parse_size
+from exo_core.model_cards import (
+    Capability,
+    ModelCard,
+    ModelComponent,
+    ModelTask,
+    load_card_dir,
+    load_card_file,
+)
 from exo_core.parsers import (
     ChainedParser,
     OutputParser,
@@ -97,8 +121,9 @@ from exo_core.paths import (
     model_path,
     remove_model_dir,
 )
-from exo_core.placement import runnable, split_layers
+from exo_core.placement import human_bytes, runnable, split_layers
 from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.redact import public_message
 from exo_core.service import (
     GenerationError,
     GenerationService,
@@ -110,6 +135,8 @@ from exo_core.state import (
     DownloadProgress,
     DownloadStatus,
     Instance,
+    NodeInfo,
+    NodeResources,
     RunnerStatus,
     ShardAssignment,
     Sharding,
@@ -141,7 +168,9 @@ InjectedGeneration = NamedDependency[GenerationService]
 service (model id and `GenerationParams` in, chunks out)."""
 
 __all__ = [
+    "ACCEPTS_OPT",
     "API_VERSION",
+    "GEMM_SYMBOLS",
     "NDJSON_MEDIA_TYPE",
     "UNFINISHED",
     "AddModelCard",
@@ -172,6 +201,9 @@ __all__ = [
     "GenerationFailed",
     "GenerationParams",
     "GenerationService",
+    "ImageChunk",
+    "ImageFormat",
+    "ImageRequest",
     "IndexedEvent",
     "InjectedGeneration",
     "InjectedNode",
@@ -179,10 +211,12 @@ __all__ = [
     "InstanceCreated",
     "InstanceDeleted",
     "InstanceId",
+    "InvalidImageRequest",
     "InvalidRequest",
     "Job",
     "KeepAliveChunk",
     "ModelCard",
+    "ModelComponent",
     "ModelId",
     "ModelNotFound",
     "ModelTask",
@@ -190,6 +224,8 @@ __all__ = [
     "NodeConfig",
     "NodeContext",
     "NodeId",
+    "NodeInfo",
+    "NodeResources",
     "NodeShare",
     "OutputParser",
     "ParserFactory",
@@ -200,6 +236,7 @@ __all__ = [
     "PlacementOption",
     "PlacementRefused",
     "PlacementRequest",
+    "ProgressChunk",
     "ProgressReporter",
     "RemoveModelCard",
     "Renderer",
@@ -240,23 +277,37 @@ __all__ = [
     "Usage",
     "answer",
     "answered",
+    "blas_threads",
+    "build_prefix_shim",
+    "candidates",
     "check_model_id",
     "decode_body",
     "derive_key",
     "dialect_router",
+    "documented_body",
+    "exception_handlers",
+    "find_fast_blas",
     "finish_failure",
     "hookimpl",
+    "human_bytes",
     "is_safe_model_id",
     "load_card_dir",
+    "load_card_file",
+    "loaded_blas",
     "model_id_problem",
     "model_path",
     "native_error",
     "ndjson",
     "network_key",
     "new_id",
+    "parse_size",
+    "preload_works",
+    "public_message",
     "read_hermes",
     "remove_model_dir",
     "runnable",
+    "runner_env",
+    "shim_for",
     "split_layers",
     "sse",
     "tool_call",

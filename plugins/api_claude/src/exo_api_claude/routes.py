@@ -15,21 +15,22 @@ from exo_core.plugin import (
     answer,
     decode_body,
     dialect_router,
+    documented_body,
     sse,
 )
 
 
-@post("/", status_code=200)
+@post("/", status_code=200, dependencies=documented_body(MessagesRequest))
 async def create_message(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    chunks = await generation.generate(req.model, params, translate.FIELD_NAMES)
     if req.stream:
         return sse(translate.MessageStream(req.model), chunks)
     return await answer(request, chunks, lambda collected: translate.message(req.model, collected))
 
 
-@post("/count_tokens", status_code=200)
+@post("/count_tokens", status_code=200, dependencies=documented_body(CountTokensRequest))
 async def count_tokens(request: AnyRequest, generation: InjectedGeneration) -> dict[str, int]:
     """An approximation (see `translate.approximate_tokens`): the core exposes no tokenizer."""
     req = decode_body(await request.body(), CountTokensRequest)

@@ -30,6 +30,7 @@ from exo_core.plugin import (
     UnsafeModelPath,
     is_safe_model_id,
     model_id_problem,
+    public_message,
     remove_model_dir,
 )
 from exo_download_hf.cards import WEIGHT_SUFFIX, HubRef, hub_ref
@@ -180,7 +181,7 @@ class HfDownloader(Downloader):
                 f"{card.model_id}: the download was stopped because the model is being deleted"
             )
         logger.opt(exception=failure).error(f"{card.model_id}: download failed")
-        return DownloadFailed(f"{card.model_id}: download failed: {failure!r}")
+        return DownloadFailed(f"{card.model_id}: download failed: {public_message(failure)}")
 
     async def _report_loop(self, card: ModelCard, tally: Tally, report: ProgressReporter) -> None:
         meter = SpeedMeter()
