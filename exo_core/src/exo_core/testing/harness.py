@@ -186,6 +186,8 @@ def running_cluster(
             running.extend(start(i) for i in range(count))
             cluster = RunningCluster(running, network, portal, restart_node=start)
             cluster.wait(cluster.converged)
+            if api:  # the APIs start beside the nodes: wait until each answers
+                cluster.wait(lambda: all(_answers(n.url) for n in cluster.nodes))
             yield cluster
         finally:
             for n in running:
