@@ -7,6 +7,7 @@ thinking and tool calls. Leaving the stream early (a client that disconnects) ca
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -23,7 +24,9 @@ from exo_core.generation import (
     GenerationParams,
     KeepAliveChunk,
     TextChunk,
+    ThinkingChunk,
     ToolCallChunk,
+    Usage,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
 from exo_core.model_cards import Capability, ModelCard
@@ -77,6 +80,9 @@ class GenerationService:
         self._node = node
         self._keepalive_s = keepalive_s
         self._placing: dict[ModelId, anyio.Lock] = {}
+        # The generations this node's API is streaming, by the id their response carries (and
+        # by task id), so that `POST /v1/cancel/{id}` can reach them from another connection.
+        self._streaming: dict[str, TaskId] = {}
 
     def resolve(self, model_id: str) -> ModelCard:
         card = self._node.card(model_id)
@@ -116,18 +122,39 @@ class GenerationService:
         candidates.sort(key=lambda i: (not ready(i), i.instance_id))
         return candidates[0] if candidates else None
 
-    async def generate(self, model_id: str, params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def generate(
+        self, model_id: str, params: GenerationParams, *, request_id: str | None = None
+    ) -> AsyncIterator[Chunk]:
         """Stream a generation. Raises `GenerationError` before the first chunk when refused.
+
+        `request_id` is the id the dialect's response carries (a chat completion id, say):
+        `cancel(request_id)` then ends the generation from anywhere on this node.
 
         Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
         cancels the task at once."""
         card = self.resolve(model_id)
         validate(card, params)
         instance = await self.instance_for(card)
-        return self._stream(card, instance.instance_id, params)
+        return self._stream(card, instance.instance_id, params, request_id)
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel a running generation by its response id or task id. False when unknown."""
+        task_id = self._streaming.get(request_id)
+        if task_id is None and TaskId(request_id) in self._node.state.tasks:
+            task_id = TaskId(request_id)
+        if task_id is None:
+            return False
+        result = await self._node.send_command(CancelTask(task_id=task_id), timeout=10)
+        if result.ok:
+            await self._node.replica.wait_for(result.last_index, timeout=5)
+        return result.ok
 
     async def _stream(
-        self, card: ModelCard, instance_id: InstanceId, params: GenerationParams
+        self,
+        card: ModelCard,
+        instance_id: InstanceId,
+        params: GenerationParams,
+        request_id: str | None = None,
     ) -> AsyncIterator[Chunk]:
         node = self._node
         task = Task(
@@ -138,9 +165,12 @@ class GenerationService:
             params=params,
         )
         chunks = node.router.open(task.task_id, instance_id)
+        ids = {task.task_id, *([request_id] if request_id else [])}
+        self._streaming.update(dict.fromkeys(ids, task.task_id))
         parser = node.parser_for(card, params)
         done = False
         called_tools = False
+        timing = _Timing()
         try:
             result = await node.send_command(SubmitTask(task=task))
             if not result.ok:
@@ -161,6 +191,8 @@ class GenerationService:
                 else:
                     parsed = [chunk]
                 for piece in parsed:
+                    if isinstance(piece, TextChunk | ThinkingChunk | ToolCallChunk):
+                        timing.output()
                     if isinstance(piece, ToolCallChunk):
                         called_tools = True
                     if isinstance(piece, FinishChunk):
@@ -169,16 +201,45 @@ class GenerationService:
                             piece = msgspec.structs.replace(
                                 piece, finish_reason=FinishReason.TOOL_CALLS
                             )
+                        self._account(card, piece.finish_reason, piece.usage, timing)
                     if isinstance(piece, ErrorChunk):
                         done = True
+                        self._account(card, FinishReason.ERROR, Usage(), timing)
                     yield piece
                 if done:
                     return
         finally:
             node.router.close(task.task_id)
+            for key in ids:
+                self._streaming.pop(key, None)
             if not done:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     try:
                         await node.send_command(CancelTask(task_id=task.task_id), timeout=5)
                     except Exception as e:
                         logger.debug(f"cancel of {task.task_id} not sent: {e!r}")
+
+    def _account(
+        self, card: ModelCard, reason: FinishReason, usage: Usage, timing: _Timing
+    ) -> None:
+        self._node.metrics.observe_generation(
+            card.model_id,
+            reason,
+            usage,
+            first_output_s=timing.first,
+            last_output_s=timing.last,
+        )
+
+
+class _Timing:
+    """When a generation's first and last outputs reached the API, in seconds since submission."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def output(self) -> None:
+        self.last = time.perf_counter() - self.started
+        if self.first is None:
+            self.first = self.last

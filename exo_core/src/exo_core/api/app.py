@@ -12,6 +12,7 @@ from litestar.openapi import OpenAPIConfig
 
 from exo_core.api.errors import on_http_error, on_validation_error
 from exo_core.api.native import NativeController
+from exo_core.metrics import metrics_middleware
 from exo_core.node import Node
 
 
@@ -30,6 +31,7 @@ def create_app(node: Node) -> Litestar:
             ValidationException: on_validation_error,
             HTTPException: on_http_error,
         },
+        middleware=[metrics_middleware(node.metrics)],
         cors_config=CORSConfig(allow_origins=["*"]),
         openapi_config=OpenAPIConfig(title="exo", version="0.1.0", path="/schema"),
         debug=False,

@@ -13,6 +13,7 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
 from exo_core.ids import InstanceId, ModelId
+from exo_core.metrics import CONTENT_TYPE_LATEST
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
 from exo_core.state import DownloadStatus, Sharding
@@ -173,6 +174,18 @@ class NativeController(Controller):
             return native_error(result.status, result.message)
         await node.replica.wait_for(result.last_index, timeout=5)
         return Response({"instance_id": instance_id, "deleted": True})
+
+    @post("/v1/cancel/{command_id:str}", status_code=200)
+    async def cancel(self, node: Node, command_id: str) -> Response[Any]:
+        """Cancel a running generation by the id its response carries (or its task id)."""
+        if not await node.generation.cancel(command_id):
+            return native_error(404, f"no running generation '{command_id}'")
+        return Response({"message": "Command cancelled.", "command_id": command_id})
+
+    @get("/metrics")
+    async def metrics(self, node: Node) -> Response[bytes]:
+        """Prometheus text exposition: this node, and the whole cluster on the master."""
+        return Response(node.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @get("/plugins")
     async def plugins(self, node: Node, request: Request) -> dict[str, Any]:

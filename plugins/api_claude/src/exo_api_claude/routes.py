@@ -17,10 +17,14 @@ from exo_core.service import GenerationService
 async def create_message(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
+    message_id = translate.new_id("msg_")
+    chunks = await generation.generate(req.model, params, request_id=message_id)
     if req.stream:
-        return sse(translate.MessageStream(req.model), chunks)
-    return await answer(request, chunks, lambda collected: translate.message(req.model, collected))
+        return sse(translate.MessageStream(req.model, message_id), chunks)
+    return await answer(
+        request, chunks, lambda collected: translate.message(req.model, collected, message_id)
+    )
 
 
 @post("/count_tokens", status_code=200)

@@ -296,7 +296,7 @@ def usage(u: Usage) -> dict[str, Any]:
     }
 
 
-def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
+def message(model: str, chunks: list[Chunk], message_id: str | None = None) -> dict[str, Any]:
     """The `message` object for a finished generation. Raises `GenerationFailed` for one that
     gave no answer."""
     content: list[dict[str, Any]] = []
@@ -332,7 +332,7 @@ def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
     finish = answered(finish)
     reason, sequence = stop_reason(finish)
     return {
-        "id": new_id("msg_"),
+        "id": message_id or new_id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -346,8 +346,8 @@ def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
 class MessageStream:
     """Renders chunks as Anthropic's streaming events (`event:` and `data:` lines)."""
 
-    def __init__(self, model: str) -> None:
-        self.id = new_id("msg_")
+    def __init__(self, model: str, message_id: str | None = None) -> None:
+        self.id = message_id or new_id("msg_")
         self.model = model
         self._index = -1
         self._open: str | None = None  # the type of the content block being streamed

@@ -163,8 +163,10 @@ def _tool_call(index: int, call: ToolCall) -> dict[str, Any]:
 class ChatStream:
     """Renders chunks as `chat.completion.chunk` SSE frames, ending with `data: [DONE]`."""
 
-    def __init__(self, model: str, *, include_usage: bool = False) -> None:
-        self.id = common.new_id("chatcmpl-")
+    def __init__(
+        self, model: str, *, include_usage: bool = False, completion_id: str | None = None
+    ) -> None:
+        self.id = completion_id or common.new_id("chatcmpl-")
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
@@ -237,7 +239,7 @@ class ChatStream:
         return [self._frame(common.error_body(500, message)), "data: [DONE]\n\n"]
 
 
-def completion(model: str, chunks: list[Chunk]) -> dict[str, Any]:
+def completion(model: str, chunks: list[Chunk], completion_id: str | None = None) -> dict[str, Any]:
     """The `chat.completion` object for a finished generation. Raises `GenerationFailed` for
     one that gave no answer."""
     text: list[str] = []
@@ -274,7 +276,7 @@ def completion(model: str, chunks: list[Chunk]) -> dict[str, Any]:
     if calls:
         msg["tool_calls"] = calls
     return {
-        "id": common.new_id("chatcmpl-"),
+        "id": completion_id or common.new_id("chatcmpl-"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,

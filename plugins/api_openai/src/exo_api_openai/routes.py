@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar import Response, Router, get, post
 
-from exo_api_openai import chat, responses
+from exo_api_openai import chat, common, responses
 from exo_api_openai.errors import api_error
 from exo_api_openai.models import model_list, model_object
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
@@ -19,21 +19,26 @@ from exo_core.service import GenerationService, ModelNotFound
 async def chat_completions(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatCompletionRequest)
     params = chat.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
+    completion_id = common.new_id("chatcmpl-")
+    chunks = await generation.generate(req.model, params, request_id=completion_id)
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
-        return sse(chat.ChatStream(req.model, include_usage=usage), chunks)
-    return await answer(request, chunks, lambda collected: chat.completion(req.model, collected))
+        stream = chat.ChatStream(req.model, include_usage=usage, completion_id=completion_id)
+        return sse(stream, chunks)
+    return await answer(
+        request, chunks, lambda collected: chat.completion(req.model, collected, completion_id)
+    )
 
 
 @post("/responses", status_code=200)
 async def create_response(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ResponsesRequest)
     params = responses.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
     builder = responses.ResponseBuilder(
         req.model, responses.echo(req, params), logprobs=params.logprobs
     )
+    chunks = await generation.generate(req.model, params, request_id=builder.response["id"])
     if req.stream:
         return sse(builder, chunks)
     return await answer(request, chunks, lambda collected: responses.build(builder, collected))
