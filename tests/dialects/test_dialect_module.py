@@ -50,7 +50,9 @@ class StandInService(GenerationService):
     def resolve(self, model_id: str) -> ModelCard:
         return ECHO
 
-    async def generate(self, model_id: str, params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def generate(
+        self, model_id: str, params: GenerationParams, *, request_id: str | None = None
+    ) -> AsyncIterator[Chunk]:
         if self.bug is not None:
             raise self.bug
 

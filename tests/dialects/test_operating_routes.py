@@ -122,3 +122,50 @@ def test_cancel_by_anthropic_message_id(slow_cluster: Cluster) -> None:
         for _ in lines:
             pass
     assert time.monotonic() - started < 10  # 200 tokens would take 40 s
+
+
+def test_ollama_alias_paths_answer_like_their_main_path(cluster: Cluster) -> None:
+    body = {
+        "model": "scripted-echo",
+        "messages": [{"role": "user", "content": "hi there"}],
+        "stream": False,
+    }
+    main = httpx.post(f"{cluster.url}/api/chat", json=body, timeout=10).json()
+    for alias in ("/ollama/api/api/chat", "/ollama/api/v1/chat"):
+        got = httpx.post(f"{cluster.url}{alias}", json=body, timeout=10)
+        assert got.status_code == 200, alias
+        assert got.json()["message"] == main["message"]
+    tags = httpx.get(f"{cluster.url}/api/tags", timeout=10).json()
+    for alias in ("/ollama/api/api/tags", "/ollama/api/v1/tags"):
+        assert httpx.get(f"{cluster.url}{alias}", timeout=10).json() == tags
+    for probe in ("/ollama", "/ollama/", "/ollama/api/version"):
+        assert httpx.head(f"{cluster.url}{probe}", timeout=10).status_code == 200, probe
+    oai = openai.OpenAI(base_url=f"{cluster.url}/ollama/v1", api_key="-", max_retries=0)
+    reply = oai.chat.completions.create(
+        model="scripted-echo", messages=[{"role": "user", "content": "hi there"}]
+    )
+    assert reply.choices[0].message.content == main["message"]["content"]
+
+
+def test_bench_route_gives_exactly_max_tokens_and_stats(cluster: Cluster) -> None:
+    body = {
+        "model": "scripted-echo",
+        "messages": [{"role": "user", "content": "two words"}],
+        "max_tokens": 9,
+    }
+    got = httpx.post(f"{cluster.url}/bench/chat/completions", json=body, timeout=30)
+    assert got.status_code == 200, got.text
+    answer = got.json()
+    stats = answer["generation_stats"]
+    assert answer["usage"]["completion_tokens"] == stats["generation_tokens"] == 9
+    assert stats["prompt_tokens"] == answer["usage"]["prompt_tokens"]
+    assert stats["prefix_cache_hit"] == "none"
+    refused = httpx.post(
+        f"{cluster.url}/bench/chat/completions", json={**body, "stream": True}, timeout=30
+    )
+    assert refused.status_code == 400 and "stream" in refused.json()["error"]["message"]
+    no_limit = {k: v for k, v in body.items() if k != "max_tokens"}
+    assert (
+        httpx.post(f"{cluster.url}/bench/chat/completions", json=no_limit, timeout=30).status_code
+        == 400
+    )

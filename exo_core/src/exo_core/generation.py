@@ -78,6 +78,13 @@ class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     enable_thinking: bool | None = None
+    # Count the prompt's tokens (chat template and tools included) and generate nothing: the
+    # engine answers one `FinishChunk` whose usage has `prompt_tokens` (exact count_tokens).
+    count_only: bool = False
+    # Never end at end-of-sequence, so that exactly `max_tokens` come out (benchmarks).
+    ignore_eos: bool = False
+    # Look the prompt up in (and store it into) the runner's prefix cache.
+    prefix_cache: bool = True
 
 
 class FinishReason(StrEnum):
@@ -106,6 +113,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     time_to_first_token_s: float = 0.0
+    # The most memory the runner held so far (its peak), in bytes; 0 when unknown.
+    peak_memory_bytes: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -8,7 +8,8 @@ thinking and tool calls. Leaving the stream early (a client that disconnects) ca
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 import anyio
@@ -124,7 +125,7 @@ class GenerationService:
 
     async def generate(
         self, model_id: str, params: GenerationParams, *, request_id: str | None = None
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream a generation. Raises `GenerationError` before the first chunk when refused.
 
         `request_id` is the id the dialect's response carries (a chat completion id, say):
@@ -136,6 +137,18 @@ class GenerationService:
         validate(card, params)
         instance = await self.instance_for(card)
         return self._stream(card, instance.instance_id, params, request_id)
+
+    async def count_tokens(self, model_id: str, params: GenerationParams) -> int:
+        """The exact prompt tokens of a request, as the model's runner tokenizes it (chat
+        template and tools included). Places the model when needed, like a generation."""
+        counting = msgspec.structs.replace(params, count_only=True, max_tokens=None)
+        async with aclosing(await self.generate(model_id, counting)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, FinishChunk):
+                    return chunk.usage.prompt_tokens
+                if isinstance(chunk, ErrorChunk):
+                    raise NoInstance(f"counting tokens failed: {chunk.message}")
+        raise NoInstance("counting tokens ended without an answer")
 
     async def cancel(self, request_id: str) -> bool:
         """Cancel a running generation by its response id or task id. False when unknown."""
@@ -155,7 +168,7 @@ class GenerationService:
         instance_id: InstanceId,
         params: GenerationParams,
         request_id: str | None = None,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         node = self._node
         task = Task(
             task_id=TaskId(new_id("task")),
@@ -201,7 +214,8 @@ class GenerationService:
                             piece = msgspec.structs.replace(
                                 piece, finish_reason=FinishReason.TOOL_CALLS
                             )
-                        self._account(card, piece.finish_reason, piece.usage, timing)
+                        if not params.count_only:
+                            self._account(card, piece.finish_reason, piece.usage, timing)
                     if isinstance(piece, ErrorChunk):
                         done = True
                         self._account(card, FinishReason.ERROR, Usage(), timing)

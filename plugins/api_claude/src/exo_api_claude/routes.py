@@ -9,7 +9,6 @@ from litestar import Response, Router, post
 from exo_api_claude import translate
 from exo_api_claude.types import CountTokensRequest, MessagesRequest
 from exo_core.api.dialect import AnyRequest, answer, decode_body, dialect_router, sse
-from exo_core.generation import GenerationParams
 from exo_core.service import GenerationService
 
 
@@ -29,12 +28,11 @@ async def create_message(request: AnyRequest, generation: GenerationService) -> 
 
 @post("/count_tokens", status_code=200)
 async def count_tokens(request: AnyRequest, generation: GenerationService) -> dict[str, int]:
-    """An approximation (see `translate.approximate_tokens`): the core exposes no tokenizer."""
+    """Exact: the model's runner applies its chat template and tokenizer (placing the model
+    first when it has no instance, as a message would)."""
     req = decode_body(await request.body(), CountTokensRequest)
-    generation.resolve(req.model)
-    specs = translate.tools(req.tools)
-    params = GenerationParams(messages=translate.messages(req), tools=specs)
-    return {"input_tokens": translate.approximate_tokens(params)}
+    params = translate.count_params(req, generation.resolve(req.model))
+    return {"input_tokens": await generation.count_tokens(req.model, params)}
 
 
 def router() -> Router:

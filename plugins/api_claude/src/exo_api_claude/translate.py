@@ -6,7 +6,6 @@ Pure functions and a small state machine; the HTTP layer lives in routes.py.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from typing import Any
 
@@ -16,6 +15,7 @@ from exo_api_claude.types import (
     Base64Source,
     Block,
     Conversation,
+    CountTokensRequest,
     ImageBlock,
     MessageIn,
     MessagesRequest,
@@ -215,25 +215,18 @@ def to_params(req: MessagesRequest, card: ModelCard) -> GenerationParams:
     )
 
 
-# Tokens are counted without the model's tokenizer, which the core does not expose to API
-# plugins: about four characters a token (the usual figure for English BPE vocabularies), a few
-# tokens of chat-template framing per message, and a flat figure per image.
-CHARS_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4
-TOKENS_PER_IMAGE = 1000
-
-
-def approximate_tokens(params: GenerationParams) -> int:
-    chars = 0
-    tokens = 0
-    for m in params.messages:
-        tokens += TOKENS_PER_MESSAGE
-        chars += len(m.text()) + len(m.reasoning)
-        chars += sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
-        if not isinstance(m.content, str):
-            tokens += TOKENS_PER_IMAGE * sum(p.type == "image" for p in m.content)
-    chars += sum(len(json.dumps(msgspec.to_builtins(t))) for t in params.tools)
-    return tokens + math.ceil(chars / CHARS_PER_TOKEN)
+def count_params(req: CountTokensRequest, card: ModelCard) -> GenerationParams:
+    """What `count_tokens` asks the model's runner to count: the prompt a Messages request
+    with the same conversation would send (system, messages, tools, thinking)."""
+    if not req.messages:
+        raise InvalidRequest("messages: at least one message is required")
+    specs = tools(req.tools)
+    return GenerationParams(
+        messages=messages(req),
+        tools=specs,
+        tool_choice=tool_choice(req.tool_choice, specs),
+        enable_thinking=thinking(req, card),
+    )
 
 
 # -- response --------------------------------------------------------------------------------

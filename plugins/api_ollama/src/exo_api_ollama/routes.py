@@ -26,10 +26,13 @@ from exo_core.node import Node
 from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
 
 PREFIXES = ("/api", "/ollama/api")
+# Clients configured with a base URL that already ends in /api (or /v1) double it; exo answers
+# those paths for chat and tags too.
+ALIAS_PREFIXES = ("/ollama/api/api", "/ollama/api/v1")
 
 
-def _paths(path: str) -> list[str]:
-    return [prefix + path for prefix in PREFIXES]
+def _paths(path: str, *, aliases: bool = False) -> list[str]:
+    return [prefix + path for prefix in (*PREFIXES, *(ALIAS_PREFIXES if aliases else ()))]
 
 
 def _resolve(generation: GenerationService, name: str) -> ModelCard:
@@ -73,7 +76,7 @@ async def _answer(
     return await answer(request, chunks, reply.result)
 
 
-@post(_paths("/chat"), status_code=200)
+@post(_paths("/chat", aliases=True), status_code=200)
 async def chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatRequest)
     card = _resolve(generation, req.model)
@@ -95,7 +98,7 @@ async def generate(request: AnyRequest, generation: GenerationService) -> Respon
     return await _answer(request, reply, chunks, req.stream)
 
 
-@get(_paths("/tags"))
+@get(_paths("/tags", aliases=True))
 async def tags(node: Node) -> dict[str, Any]:
     when = _modified_at(node)
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
@@ -128,8 +131,9 @@ async def alive() -> str:
     return "Ollama is running"
 
 
-@head("/ollama")
+@head(["/ollama", "/ollama/api/version"])
 async def alive_head() -> None:
+    """Health probes that only look at the status."""
     return None
 
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from exo_api_openai import bench
 from exo_api_openai.routes import router
 from exo_core.hookspecs import hookimpl
 
 
 @hookimpl
 def exo_routes() -> list[Any]:
-    return [router()]
+    # Clients that reach exo through an Ollama base URL (Open WebUI, VS Code Copilot) speak
+    # OpenAI's API under it too.
+    return [router(), router("/ollama/v1"), bench.router()]

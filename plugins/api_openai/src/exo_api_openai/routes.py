@@ -58,6 +58,6 @@ async def get_model(node: Node, model_id: str) -> dict[str, Any]:
     return model_object(card, int(node.started_at))
 
 
-def router() -> Router:
+def router(path: str = "/v1") -> Router:
     handlers = [chat_completions, create_response, list_models, get_model]
-    return dialect_router("/v1", handlers, error_body=api_error, tags=["openai"])
+    return dialect_router(path, handlers, error_body=api_error, tags=["openai"])

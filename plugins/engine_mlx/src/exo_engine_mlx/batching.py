@@ -8,6 +8,7 @@ detokenizer and statistics; a sequence joining mid-batch does not change the oth
 
 from __future__ import annotations
 
+import resource
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from exo_core.generation import (
 from exo_core.ids import TaskId
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, prompt_tokens
-from exo_engine_mlx.sampling import make_processors, make_sampler
+from exo_engine_mlx.sampling import ban_tokens, make_processors, make_sampler
 from exo_engine_mlx.textstream import TextStream
 
 
@@ -46,6 +47,13 @@ class _Sequence:
     first_token_at: float | None = None
     generated: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def peak_memory_bytes() -> int:
+    """The runner's peak memory: MLX's own peak, or the process's peak RSS when larger (on the
+    CPU most of the model lives outside MLX's accounting)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return max(int(mx.get_peak_memory()), rss)
 
 
 def _rate(count: int, seconds: float) -> float:
@@ -98,9 +106,15 @@ class BatchEngine:
             tokens = prompt_tokens(self.tokenizer, params)
         except PromptError as e:
             return [ErrorChunk(task_id=task_id, message=str(e))]
+        if params.count_only:
+            usage = Usage(prompt_tokens=len(tokens))
+            return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
         cache, cached = (None, 0)
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and params.prefix_cache:
             cache, cached = self.prefix_cache.lookup(tokens)
+        processors = make_processors(params.sampling)
+        if params.ignore_eos:
+            processors.append(ban_tokens(sorted(self._eos)))
         max_tokens = params.max_tokens or self.default_max_tokens
         (uid,) = self._generator.insert(
             [tokens[cached:]],
@@ -108,7 +122,7 @@ class BatchEngine:
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:cached]],
             samplers=[make_sampler(params.sampling)],
-            logits_processors=[make_processors(params.sampling)],
+            logits_processors=[processors],
         )
         seq = _Sequence(
             task_id=task_id,
@@ -188,7 +202,7 @@ class BatchEngine:
     ) -> list[Chunk]:
         del self._by_uid[seq.uid]
         del self._by_task[seq.task_id]
-        if store is not None and self.prefix_cache is not None:
+        if store is not None and self.prefix_cache is not None and seq.params.prefix_cache:
             tokens, cache = store
             self.prefix_cache.store(tokens, cache)
         out: list[Chunk] = []
@@ -206,6 +220,7 @@ class BatchEngine:
             prompt_tps=_rate(len(seq.prompt) - seq.cached, first - seq.submitted),
             generation_tps=_rate(max(0, seq.generated - 1), now - first),
             time_to_first_token_s=first - seq.submitted,
+            peak_memory_bytes=peak_memory_bytes(),
         )
         out.append(FinishChunk(task_id=seq.task_id, finish_reason=reason, usage=usage))
         return out
