@@ -233,6 +233,35 @@ class Worker:
             )
         )
 
+    async def download(self, card: ModelCard) -> Path:
+        """Fetch a model to this node without running it (`exo pull`); progress, completion and
+        failure reach state like a placement's download. Raises `DownloadFailed`."""
+        if self._downloader is None:
+            raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
+        found = self._downloader.find_local(card)
+        if found is not None:
+            self._report_complete(card, found)
+            return found
+
+        def progress(p: DownloadProgress) -> None:
+            self.report(
+                DownloadProgressed(progress=msgspec.structs.replace(p, node_id=self.node_id))
+            )
+
+        try:
+            path = await self._downloader.ensure(card, progress)
+        except DownloadFailed as e:
+            failed = DownloadProgress(
+                node_id=self.node_id,
+                model_id=card.model_id,
+                status=DownloadStatus.FAILED,
+                error=str(e),
+            )
+            self.report(DownloadProgressed(progress=failed))
+            raise
+        self._report_complete(card, path)
+        return path
+
     # -- runners ------------------------------------------------------------------------------
 
     def _engine_for(self, card: ModelCard) -> Engine | None:

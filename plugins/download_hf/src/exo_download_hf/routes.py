@@ -12,9 +12,11 @@ import anyio.to_thread
 import msgspec
 from litestar import Response, Router, delete, get, post
 from litestar.params import Parameter
+from loguru import logger
 
 from exo_core.api.errors import native_error
 from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard
+from exo_core.downloads import DownloadFailed
 from exo_core.ids import ModelId, NodeId
 from exo_core.node import Node
 from exo_download_hf.cards import CardError, card_from_config, ref_for
@@ -115,6 +117,28 @@ async def search_models(
     return Response({"query": text, "models": models})
 
 
+@post("/download/{model_id:path}", status_code=202)
+async def start_download(node: Node, model_id: str) -> Response[Any]:
+    """Download a model to this node (without running it); progress shows in
+    `state.downloads[<this node>][<model>]`."""
+    model_id = model_id.strip("/")
+    card = node.card(model_id)
+    if card is None:
+        return native_error(404, f"unknown model '{model_id}'")
+    worker = node.worker
+    if worker is None:
+        return native_error(409, "this node runs no worker (--no-worker): it keeps no models")
+
+    async def fetch() -> None:
+        try:
+            await worker.download(card)
+        except DownloadFailed as e:
+            logger.warning(f"download of {model_id} failed: {e}")
+
+    node.spawn(fetch)
+    return Response({"node_id": node.node_id, "model_id": model_id}, status_code=202)
+
+
 @delete("/download/{node_id:str}/{model_id:path}", status_code=200)
 async def delete_download(node: Node, node_id: str, model_id: str) -> Response[Any]:
     model_id = model_id.strip("/")
@@ -176,6 +200,6 @@ def _read_only(model_id: str, path: str | None, node_id: str) -> Response[Any]:
 def router() -> Router:
     return Router(
         path="/",
-        route_handlers=[add_model, remove_model, search_models, delete_download],
+        route_handlers=[add_model, remove_model, search_models, start_download, delete_download],
         tags=["models"],
     )
