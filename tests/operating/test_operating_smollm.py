@@ -4,7 +4,7 @@ engine): metrics during traffic, exo's bench route, exact count_tokens, cancel."
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
@@ -24,14 +24,15 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]]:
     with exo_processes(tmp_path_factory.mktemp("operating"), 2) as nodes:
-        wait_until(
-            lambda: (
-                all(len(n.state()["nodes"]) == 2 for n in nodes)
-                and all(n.get("/healthz")["master"] for n in nodes)
-            ),
-            timeout=90,
-        )
+        try:
+            wait_until(joined(nodes), timeout=120)
+        except TimeoutError:
+            pytest.fail("the exo nodes did not form a cluster:\n" + nodes[-1].log()[-3000:])
         yield nodes
+
+
+def joined(nodes: list[ExoProcess]) -> Callable[[], bool]:
+    return lambda: all(len(n.state()["nodes"]) == 2 and n.get("/healthz")["master"] for n in nodes)
 
 
 def scrape(node: ExoProcess) -> Samples:
