@@ -143,9 +143,19 @@ def messages(req: Conversation) -> tuple[ChatMessage, ...]:
         where = f"messages[{i}]"
         if message.role == "user":
             out.extend(_user(message, where))
+        elif message.role == "system":
+            out.append(ChatMessage(role="system", content=_system_text(message, where)))
         else:
             out.append(_assistant(message, where))
     return tuple(out)
+
+
+def _system_text(message: MessageIn, where: str) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    if any(not isinstance(b, TextBlock) for b in message.content):
+        raise InvalidRequest(f"{where}: a system message holds only text blocks")
+    return "".join(b.text for b in message.content if isinstance(b, TextBlock))
 
 
 def tools(specs: list[ToolIn] | None) -> tuple[ToolSpec, ...]:

@@ -11,6 +11,7 @@ from rich.progress import (
     DownloadColumn,
     Progress,
     TaskID,
+    TaskProgressColumn,
     TextColumn,
     TimeRemainingColumn,
     TransferSpeedColumn,
@@ -28,6 +29,7 @@ def _bar(out: Output) -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
+        TaskProgressColumn(),
         DownloadColumn(),
         TransferSpeedColumn(),
         TimeRemainingColumn(),
