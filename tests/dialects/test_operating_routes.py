@@ -169,3 +169,16 @@ def test_bench_route_gives_exactly_max_tokens_and_stats(cluster: Cluster) -> Non
         httpx.post(f"{cluster.url}/bench/chat/completions", json=no_limit, timeout=30).status_code
         == 400
     )
+
+
+def test_runner_stages_and_their_timing_are_in_state(cluster: Cluster, oai: openai.OpenAI) -> None:
+    oai.chat.completions.create(
+        model="scripted-echo", messages=[{"role": "user", "content": "warm"}], max_tokens=2
+    )
+    runners = httpx.get(f"{cluster.url}/state/runners", timeout=10).json()
+    ready = [r for r in runners.values() if r["status"] in ("ready", "running")]
+    assert ready
+    for runner in ready:
+        assert runner["since"] > 0
+        assert "warming_up" in runner["stage_seconds"]
+        assert all(seconds >= 0 for seconds in runner["stage_seconds"].values())

@@ -161,3 +161,33 @@ def test_cancel_from_another_connection(nodes: list[ExoProcess]) -> None:
         for _ in stream:
             pass
     wait_until(lambda: not nodes[0].state()["tasks"], timeout=10)
+
+
+def test_claude_code_turns_reuse_the_prefix_cache(nodes: list[ExoProcess]) -> None:
+    """Claude Code moves cache_control to the newest message and varies metadata each turn;
+    neither reaches the prompt, so the second turn reuses the first one's prefix."""
+    client = anthropic.Anthropic(base_url=nodes[0].url, api_key="-", timeout=180, max_retries=0)
+    system: Any = [
+        {"type": "text", "text": "You are a coding agent.", "cache_control": {"type": "ephemeral"}}
+    ]
+    first_user: Any = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "List three fruits.", "cache_control": {"type": "ephemeral"}}
+        ],
+    }
+    first = client.messages.create(
+        model=MODEL, max_tokens=12, temperature=0, system=system, messages=[first_user],
+        metadata={"user_id": "session-1"},
+    )  # fmt: skip
+    answer = "".join(b.text for b in first.content if b.type == "text")
+    second = client.messages.create(
+        model=MODEL, max_tokens=4, temperature=0, system=system,
+        messages=[
+            {"role": "user", "content": [{"type": "text", "text": "List three fruits."}]},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": [{"type": "text", "text": "And one vegetable.", "cache_control": {"type": "ephemeral"}}]},
+        ],
+        metadata={"user_id": "session-2"},
+    )  # fmt: skip
+    assert (second.usage.cache_read_input_tokens or 0) >= first.usage.input_tokens - 1

@@ -8,6 +8,7 @@ exponential backoff; after `MAX_FAILURES` in a row the instance is deleted.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -69,6 +70,8 @@ class _Local:
         self.shard = shard
         self.runner: Runner | None = None
         self.status = RunnerStatus.PENDING
+        self.since = time.time()
+        self.stage_seconds: dict[str, float] = {}
         self.ready = anyio.Event()
         self.scope = anyio.CancelScope()
 
@@ -214,6 +217,14 @@ class Worker:
         )
 
     def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
+        now = time.time()
+        if status != local.status:
+            # A restart begins its stages afresh; READY <-> RUNNING is serving, not a stage.
+            if local.status in (RunnerStatus.FAILED, RunnerStatus.STOPPED):
+                local.stage_seconds = {}
+            elif local.status not in (RunnerStatus.READY, RunnerStatus.RUNNING):
+                local.stage_seconds[local.status.value] = round(now - local.since, 3)
+            local.since = now
         local.status = status
         if status == RunnerStatus.READY:
             local.ready.set()
@@ -229,6 +240,8 @@ class Worker:
                     status=status,
                     error=error,
                     failures=failures,
+                    since=local.since,
+                    stage_seconds=dict(local.stage_seconds),
                 )
             )
         )

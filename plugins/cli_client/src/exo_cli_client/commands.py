@@ -99,7 +99,8 @@ def nodes(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
 
 
 def pull(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
-    started = client.post(f"/download/{args.model}")
+    node_id = client.get("/node_id")["node_id"]
+    started = client.post(f"/download/{node_id}/{args.model}")
     progress = wait_download(client, out, started["node_id"], args.model, PULL_TIMEOUT_S)
     if out.as_json:
         out.json(progress)

@@ -117,11 +117,15 @@ async def search_models(
     return Response({"query": text, "models": models})
 
 
-@post("/download/{model_id:path}", status_code=202)
-async def start_download(node: Node, model_id: str) -> Response[Any]:
+@post("/download/{node_id:str}/{model_id:path}", status_code=202)
+async def start_download(node: Node, node_id: str, model_id: str) -> Response[Any]:
     """Download a model to this node (without running it); progress shows in
     `state.downloads[<this node>][<model>]`."""
     model_id = model_id.strip("/")
+    if node_id != node.node_id:
+        return native_error(
+            409, f"this is node {node.node_id}: ask {node_id}'s own API to download there"
+        )
     card = node.card(model_id)
     if card is None:
         return native_error(404, f"unknown model '{model_id}'")
