@@ -182,3 +182,14 @@ def test_runner_stages_and_their_timing_are_in_state(cluster: Cluster, oai: open
         assert runner["since"] > 0
         assert "warming_up" in runner["stage_seconds"]
         assert all(seconds >= 0 for seconds in runner["stage_seconds"].values())
+
+
+def test_prefill_progress_is_an_sse_comment_in_chat_streams() -> None:
+    from exo_api_openai.chat import ChatStream
+    from exo_core.generation import KeepAliveChunk
+    from exo_core.ids import TaskId
+
+    stream = ChatStream("m")
+    progress = KeepAliveChunk(task_id=TaskId("t"), prefill_processed=2048, prefill_total=6000)
+    assert stream.feed(progress) == [": prefill 2048/6000\n\n"]
+    assert stream.feed(KeepAliveChunk(task_id=TaskId("t"))) == [": keep-alive\n\n"]

@@ -177,12 +177,12 @@ def test_claude_code_turns_reuse_the_prefix_cache(nodes: list[ExoProcess]) -> No
         ],
     }
     first = client.messages.create(
-        model=MODEL, max_tokens=12, temperature=0, system=system, messages=[first_user],
+        model=MODEL, max_tokens=12, system=system, messages=[first_user],
         metadata={"user_id": "session-1"},
     )  # fmt: skip
     answer = "".join(b.text for b in first.content if b.type == "text")
     second = client.messages.create(
-        model=MODEL, max_tokens=4, temperature=0, system=system,
+        model=MODEL, max_tokens=4, system=system,
         messages=[
             {"role": "user", "content": [{"type": "text", "text": "List three fruits."}]},
             {"role": "assistant", "content": answer},

@@ -155,9 +155,14 @@ class ErrorChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class KeepAliveChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Nothing new yet (a long prefill); dialects send their own keep-alive."""
+    """Nothing new yet (a long prefill); dialects send their own keep-alive.
+
+    An engine that prefills in steps sends one per step with its progress (`prefill_total` > 0):
+    `prefill_processed` of `prefill_total` prompt tokens are done."""
 
     task_id: TaskId
+    prefill_processed: int = 0
+    prefill_total: int = 0
 
 
 Chunk = TextChunk | ThinkingChunk | ToolCallChunk | FinishChunk | ErrorChunk | KeepAliveChunk

@@ -209,8 +209,9 @@ class ChatStream:
             case ToolCallChunk(call=call):
                 index, self._tool_calls = self._tool_calls, self._tool_calls + 1
                 return [self._chunk({"tool_calls": [_tool_call(index, call)]})]
-            case KeepAliveChunk():
-                return [": keep-alive\n\n"]
+            case KeepAliveChunk(prefill_processed=done, prefill_total=total):
+                # A comment: clients skip it, people and proxies see the prompt being read.
+                return [f": prefill {done}/{total}\n\n" if total else ": keep-alive\n\n"]
             case FinishChunk(finish_reason=reason, usage=usage):
                 problem = finish_failure(reason)
                 if problem is not None:

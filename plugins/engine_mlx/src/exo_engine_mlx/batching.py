@@ -23,6 +23,7 @@ from exo_core.generation import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    KeepAliveChunk,
     TextChunk,
     TokenLogprob,
     TopLogprob,
@@ -70,17 +71,20 @@ class BatchEngine:
         max_concurrent: int = 8,
         prefix_cache: PrefixCache | None = None,
         default_max_tokens: int = 2048,
+        prefill_step_size: int = 2048,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         self.default_max_tokens = default_max_tokens
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
+        self._prefill_step = prefill_step_size
         self._generator = BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=max_concurrent,
             prefill_batch_size=max_concurrent,
+            prefill_step_size=prefill_step_size,
         )
         self._by_uid: dict[int, _Sequence] = {}
         self._by_task: dict[TaskId, _Sequence] = {}
@@ -148,8 +152,8 @@ class BatchEngine:
         """Advance every sequence by one step (a prefill chunk or one token)."""
         if not self._by_uid:
             return []
-        _, responses = self._generator.next()
-        out: list[Chunk] = []
+        prompt_responses, responses = self._generator.next()
+        out: list[Chunk] = [*self._prefill_progress(prompt_responses)]
         now = time.perf_counter()
         for r in responses:
             seq = self._by_uid.get(r.uid)
@@ -158,6 +162,26 @@ class BatchEngine:
             if seq.first_token_at is None:
                 seq.first_token_at = now
             out.extend(self._token(seq, r))
+        return out
+
+    def _prefill_progress(self, responses: list[Any]) -> list[Chunk]:
+        """A long prompt is prefilled a step at a time: say how far each one got (a prompt that
+        fits one step says nothing)."""
+        out: list[Chunk] = []
+        for r in responses:
+            seq = self._by_uid.get(r.uid)
+            if seq is None or r.end_of_prompt or not isinstance(r.progress, tuple):
+                continue
+            done, total = r.progress
+            if total <= self._prefill_step:
+                continue
+            out.append(
+                KeepAliveChunk(
+                    task_id=seq.task_id,
+                    prefill_processed=seq.cached + int(done),
+                    prefill_total=seq.cached + int(total),
+                )
+            )
         return out
 
     def _token(self, seq: _Sequence, r: Any) -> list[Chunk]:
