@@ -11,6 +11,10 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
+from exo_api_openai.chat import ChatStream
+from exo_core.generation import KeepAliveChunk
+from exo_core.ids import TaskId
+
 from .support import Cluster, wait_for
 
 
@@ -185,10 +189,6 @@ def test_runner_stages_and_their_timing_are_in_state(cluster: Cluster, oai: open
 
 
 def test_prefill_progress_is_an_sse_comment_in_chat_streams() -> None:
-    from exo_api_openai.chat import ChatStream
-    from exo_core.generation import KeepAliveChunk
-    from exo_core.ids import TaskId
-
     stream = ChatStream("m")
     progress = KeepAliveChunk(task_id=TaskId("t"), prefill_processed=2048, prefill_total=6000)
     assert stream.feed(progress) == [": prefill 2048/6000\n\n"]
