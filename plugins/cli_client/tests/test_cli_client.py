@@ -114,7 +114,9 @@ def test_run_places_the_model_then_chats(node: ExoProcess) -> None:
     assert once.returncode == 0, once.stderr
     assert "runners: ready" in once.stdout and once.stdout.strip().splitlines()[-1]
     ps = exo("ps", node=node)
-    assert MODEL in ps.stdout and "ready" in ps.stdout
+    header, row = ps.stdout.splitlines()[:2]
+    assert header.split("\t")[4:6] == ["RUNNERS", "STARTUP"]
+    assert MODEL in row and "ready" in row and float(row.split("\t")[5].rstrip("s")) > 0
     child = spawn("run", MODEL, "--max-tokens", "8", node=node)
     child.expect(">>> ")
     child.sendline("What is the capital of France?")

@@ -36,7 +36,10 @@ def ps(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
             f"{hosts.get(s['node_id'], _short(s['node_id']))}[{s['start_layer']}:{s['end_layer']}]"
             for s in shards
         )
-        statuses = [state["runners"].get(s["runner_id"], {}).get("status", "?") for s in shards]
+        runners = [state["runners"].get(s["runner_id"], {}) for s in shards]
+        statuses = [r.get("status", "?") for r in runners]
+        # The slowest rank's startup: its stages (download, load, warm-up) added up.
+        startup = max((sum(r.get("stage_seconds", {}).values()) for r in runners), default=0.0)
         card = cards.get(instance["model_id"], {})
         rows.append(
             [
@@ -45,10 +48,11 @@ def ps(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
                 instance["sharding"],
                 where,
                 ", ".join(statuses),
+                f"{startup:.1f}s",
                 size(card.get("storage_size_bytes", 0)),
             ]
         )
-    out.table(["INSTANCE", "MODEL", "SHARDING", "NODES", "RUNNERS", "SIZE"], rows)
+    out.table(["INSTANCE", "MODEL", "SHARDING", "NODES", "RUNNERS", "STARTUP", "SIZE"], rows)
     return EXIT_OK
 
 
