@@ -193,3 +193,11 @@ def test_prefill_progress_is_an_sse_comment_in_chat_streams() -> None:
     progress = KeepAliveChunk(task_id=TaskId("t"), prefill_processed=2048, prefill_total=6000)
     assert stream.feed(progress) == [": prefill 2048/6000\n\n"]
     assert stream.feed(KeepAliveChunk(task_id=TaskId("t"))) == [": keep-alive\n\n"]
+
+
+def test_the_openapi_schema_lists_the_operating_routes(cluster: Cluster) -> None:
+    schema = httpx.get(f"{cluster.url}/schema/openapi.json", timeout=30)
+    assert schema.status_code == 200, schema.text
+    paths = schema.json()["paths"]
+    for path in ("/metrics", "/v1/cancel/{command_id}", "/bench/chat/completions"):
+        assert path in paths

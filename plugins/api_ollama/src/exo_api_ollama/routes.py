@@ -31,8 +31,12 @@ PREFIXES = ("/api", "/ollama/api")
 ALIAS_PREFIXES = ("/ollama/api/api", "/ollama/api/v1")
 
 
-def _paths(path: str, *, aliases: bool = False) -> list[str]:
-    return [prefix + path for prefix in (*PREFIXES, *(ALIAS_PREFIXES if aliases else ()))]
+def _paths(path: str) -> list[str]:
+    return [prefix + path for prefix in PREFIXES]
+
+
+def _alias_paths(path: str) -> list[str]:
+    return [prefix + path for prefix in ALIAS_PREFIXES]
 
 
 def _resolve(generation: GenerationService, name: str) -> ModelCard:
@@ -76,8 +80,18 @@ async def _answer(
     return await answer(request, chunks, reply.result)
 
 
-@post(_paths("/chat", aliases=True), status_code=200)
+@post(_paths("/chat"), status_code=200)
 async def chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+    return await _chat(request, generation)
+
+
+# Aliases answer like their main path and stay out of the OpenAPI schema (one operation each).
+@post(_alias_paths("/chat"), status_code=200, include_in_schema=False)
+async def chat_alias(request: AnyRequest, generation: GenerationService) -> Response[Any]:
+    return await _chat(request, generation)
+
+
+async def _chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatRequest)
     card = _resolve(generation, req.model)
     reply = translate.Reply(req.model, "chat")
@@ -98,8 +112,17 @@ async def generate(request: AnyRequest, generation: GenerationService) -> Respon
     return await _answer(request, reply, chunks, req.stream)
 
 
-@get(_paths("/tags", aliases=True))
+@get(_paths("/tags"))
 async def tags(node: Node) -> dict[str, Any]:
+    return _tags(node)
+
+
+@get(_alias_paths("/tags"), include_in_schema=False)
+async def tags_alias(node: Node) -> dict[str, Any]:
+    return _tags(node)
+
+
+def _tags(node: Node) -> dict[str, Any]:
     when = _modified_at(node)
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
     return {"models": [translate.model_entry(c, when) for c in cards]}
@@ -138,7 +161,8 @@ async def alive_head() -> None:
 
 
 def router() -> Router:
-    handlers = [chat, generate, tags, running, show, version, alive, alive_head]
+    handlers = [chat, chat_alias, generate, tags, tags_alias, running, show, version]
+    handlers += [alive, alive_head]
     return dialect_router(
         "/",
         handlers,
