@@ -16,6 +16,7 @@ import anyio
 import msgspec
 from loguru import logger
 
+from exo_core.bodies import without_body
 from exo_core.commands import CancelTask, PlaceInstance, SubmitTask
 from exo_core.generation import (
     Chunk,
@@ -180,12 +181,13 @@ class GenerationService:
         chunks = node.router.open(task.task_id, instance_id)
         ids = {task.task_id, *([request_id] if request_id else [])}
         self._streaming.update(dict.fromkeys(ids, task.task_id))
+        node.bodies.hold(task)  # rank 0 fetches it from here; the log never sees it
         parser = node.parser_for(card, params)
         done = False
         called_tools = False
         timing = _Timing()
         try:
-            result = await node.send_command(SubmitTask(task=task))
+            result = await node.send_command(SubmitTask(task=without_body(task)))
             if not result.ok:
                 done = True
                 yield ErrorChunk(task_id=task.task_id, message=result.message)
@@ -226,6 +228,7 @@ class GenerationService:
             node.router.close(task.task_id)
             for key in ids:
                 self._streaming.pop(key, None)
+            node.bodies.release(task.task_id)
             if not done:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     try:
