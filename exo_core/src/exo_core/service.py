@@ -31,8 +31,10 @@ from exo_core.generation import (
     Usage,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
-from exo_core.model_cards import Capability, ModelCard
+from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
+from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, Task
+from exo_core.validation import FieldNames, ParamError, check_params
 
 if TYPE_CHECKING:
     from exo_core.node import Node
@@ -49,7 +51,13 @@ class GenerationError(Exception):
 
 
 class InvalidRequest(GenerationError):
+    """A request the caller must change; `param` is the field at fault, when one is."""
+
     status = 400
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFound(GenerationError):
@@ -60,19 +68,20 @@ class NoInstance(GenerationError):
     status = 503
 
 
-def validate(card: ModelCard, params: GenerationParams) -> None:
-    """Refuse what the model cannot do, with a message that says what is wrong."""
+def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None = None) -> None:
+    """Refuse what the model cannot do, with a message that says what is wrong; `names` are
+    the dialect's names for the fields (see `exo_core.validation`)."""
+    if ModelTask.TEXT_GENERATION not in card.tasks:
+        raise InvalidRequest(
+            f"model '{card.model_id}' generates images, not text; use the image routes "
+            "(POST /v1/images/generations)"
+        )
     if not params.messages and params.prompt is None:
         raise InvalidRequest("the request has no messages")
-    if params.max_tokens is not None and params.max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be at least 1, got {params.max_tokens}")
-    if params.top_logprobs and not 0 <= params.top_logprobs <= 20:
-        raise InvalidRequest("top_logprobs must be between 0 and 20")
-    s = params.sampling
-    if s.temperature < 0:
-        raise InvalidRequest("temperature must not be negative")
-    if not 0 < s.top_p <= 1:
-        raise InvalidRequest("top_p must be in (0, 1]")
+    try:
+        check_params(card, params, names)
+    except ParamError as e:
+        raise InvalidRequest(str(e), param=e.field) from e
     if any(m.has_images() for m in params.messages) and not card.has(Capability.VISION):
         raise InvalidRequest(f"model '{card.model_id}' does not accept images")
 
@@ -125,9 +134,15 @@ class GenerationService:
         return candidates[0] if candidates else None
 
     async def generate(
-        self, model_id: str, params: GenerationParams, *, request_id: str | None = None
+        self,
+        model_id: str,
+        params: GenerationParams,
+        names: FieldNames | None = None,
+        *,
+        request_id: str | None = None,
     ) -> AsyncGenerator[Chunk, None]:
-        """Stream a generation. Raises `GenerationError` before the first chunk when refused.
+        """Stream a generation. Raises `GenerationError` before the first chunk when refused;
+        `names` are the dialect's names for the fields a refusal names.
 
         `request_id` is the id the dialect's response carries (a chat completion id, say):
         `cancel(request_id)` then ends the generation from anywhere on this node.
@@ -135,9 +150,9 @@ class GenerationService:
         Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
         cancels the task at once."""
         card = self.resolve(model_id)
-        validate(card, params)
+        validate(card, params, names)
         instance = await self.instance_for(card)
-        return self._stream(card, instance.instance_id, params, request_id)
+        return self._stream(card, instance.instance_id, params, request_id=request_id)
 
     async def count_tokens(self, model_id: str, params: GenerationParams) -> int:
         """The exact prompt tokens of a request, as the model's runner tokenizes it (chat
@@ -163,11 +178,26 @@ class GenerationService:
             await self._node.replica.wait_for(result.last_index, timeout=5)
         return result.ok
 
+    async def generate_images(
+        self, model_id: str, request: ImageRequest
+    ) -> AsyncGenerator[Chunk, None]:
+        """Stream an image generation (progress, partial and final images, then a finish).
+
+        Raises `GenerationError` before the first chunk when refused; leaving early cancels."""
+        card = self.resolve(model_id)
+        try:
+            validate_image_request(card, request)
+        except InvalidImageRequest as e:
+            raise InvalidRequest(str(e)) from None
+        instance = await self.instance_for(card)
+        return self._stream(card, instance.instance_id, GenerationParams(), image=request)
+
     async def _stream(
         self,
         card: ModelCard,
         instance_id: InstanceId,
         params: GenerationParams,
+        image: ImageRequest | None = None,
         request_id: str | None = None,
     ) -> AsyncGenerator[Chunk, None]:
         node = self._node
@@ -177,12 +207,13 @@ class GenerationService:
             model_id=card.model_id,
             origin_node=node.node_id,
             params=params,
+            image=image,
         )
         chunks = node.router.open(task.task_id, instance_id)
         ids = {task.task_id, *([request_id] if request_id else [])}
         self._streaming.update(dict.fromkeys(ids, task.task_id))
         node.bodies.hold(task)  # rank 0 fetches it from here; the log never sees it
-        parser = node.parser_for(card, params)
+        parser = node.parser_for(card, params) if image is None else None
         done = False
         called_tools = False
         timing = _Timing()

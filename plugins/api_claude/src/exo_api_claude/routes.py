@@ -8,17 +8,26 @@ from litestar import Response, Router, post
 
 from exo_api_claude import translate
 from exo_api_claude.types import CountTokensRequest, MessagesRequest
-from exo_core.api.dialect import AnyRequest, answer, decode_body, dialect_router, sse
+from exo_core.api.dialect import (
+    AnyRequest,
+    answer,
+    decode_body,
+    dialect_router,
+    documented_body,
+    sse,
+)
 from exo_core.service import GenerationService
 
 
-@post("/", status_code=200)
+@post("/", status_code=200, dependencies=documented_body(MessagesRequest))
 async def create_message(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
     # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
     message_id = translate.new_id("msg_")
-    chunks = await generation.generate(req.model, params, request_id=message_id)
+    chunks = await generation.generate(
+        req.model, params, translate.FIELD_NAMES, request_id=message_id
+    )
     if req.stream:
         return sse(translate.MessageStream(req.model, message_id), chunks)
     return await answer(
@@ -26,7 +35,7 @@ async def create_message(request: AnyRequest, generation: GenerationService) -> 
     )
 
 
-@post("/count_tokens", status_code=200)
+@post("/count_tokens", status_code=200, dependencies=documented_body(CountTokensRequest))
 async def count_tokens(request: AnyRequest, generation: GenerationService) -> dict[str, int]:
     """Exact: the model's runner applies its chat template and tokenizer (placing the model
     first when it has no instance, as a message would)."""

@@ -127,6 +127,20 @@ def _neutral(name: str, value: float | None, neutral: float) -> None:
         raise InvalidRequest(f"option {name} is not supported by exo")
 
 
+# Ollama's names for the core's fields, for refusals that name them.
+FIELD_NAMES = {
+    "temperature": "options.temperature",
+    "top_p": "options.top_p",
+    "top_k": "options.top_k",
+    "min_p": "options.min_p",
+    "seed": "options.seed",
+    "repetition_penalty": "options.repeat_penalty",
+    "repetition_context_size": "options.repeat_last_n",
+    "max_tokens": "options.num_predict",
+    "stop": "options.stop",
+}
+
+
 def sampling(options: Options | None) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
     """(sampling, max_tokens, stop) from Ollama's options."""
     o = options or Options()
@@ -427,6 +441,7 @@ def model_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
         "size": card.storage_size_bytes,
         "digest": digest(card),
         "details": details(card),
+        "capabilities": capabilities(card),
     }
 
 
@@ -453,7 +468,9 @@ def capabilities(card: ModelCard) -> list[str]:
         Capability.THINKING: "thinking",
         Capability.VISION: "vision",
     }
-    return [names[c] for c in card.capabilities if c in names]
+    found = [names[c] for c in card.capabilities if c in names]
+    # Image models (text to image, image edits) say so, as Ollama's image models do.
+    return [*found, "image"] if card.makes_images else found
 
 
 def show(card: ModelCard, modified_at: str) -> dict[str, Any]:
