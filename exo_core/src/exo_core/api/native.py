@@ -12,6 +12,7 @@ from litestar.exceptions import NotFoundException, ValidationException
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from loguru import logger
 
+from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
 from exo_core.ids import InstanceId, ModelId
@@ -25,6 +26,10 @@ class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     model_id: str
     sharding: Sharding = "pipeline"
     min_nodes: int = 1
+
+
+class CancelBody(msgspec.Struct):
+    """No fields: the id to cancel is in the path (a body, if any, is ignored)."""
 
 
 class InstanceCreatedBody(msgspec.Struct):
@@ -210,7 +215,11 @@ class NativeController(Controller):
         await node.replica.wait_for(result.last_index, timeout=5)
         return Response({"instance_id": instance_id, "deleted": True})
 
-    @post("/v1/cancel/{command_id:str}", status_code=200)
+    @post(
+        "/v1/cancel/{command_id:str}",
+        status_code=200,
+        dependencies=documented_body(CancelBody),
+    )
     async def cancel(self, node: Node, command_id: str) -> Response[Any]:
         """Cancel a running generation by the id its response carries (or its task id)."""
         if not await node.generation.cancel(command_id):

@@ -17,7 +17,13 @@ from litestar import Response, Router, post
 from exo_api_openai import chat, common
 from exo_api_openai.errors import api_error
 from exo_api_openai.types import ChatCompletionRequest
-from exo_core.api.dialect import AnyRequest, answer, decode_body, dialect_router
+from exo_core.api.dialect import (
+    AnyRequest,
+    answer,
+    decode_body,
+    dialect_router,
+    documented_body,
+)
 from exo_core.generation import Chunk, FinishChunk, Usage
 from exo_core.service import GenerationService, InvalidRequest
 
@@ -51,7 +57,7 @@ def generation_stats(usage: Usage) -> dict[str, Any]:
     }
 
 
-@post("/chat/completions", status_code=200)
+@post("/chat/completions", status_code=200, dependencies=documented_body(BenchRequest))
 async def bench_chat_completions(
     request: AnyRequest, generation: GenerationService
 ) -> Response[Any]:
