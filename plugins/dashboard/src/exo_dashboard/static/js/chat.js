@@ -12,6 +12,7 @@ import { store } from "./store.js";
 const STORAGE = "exo.conversations";
 const MAX_CONVERSATIONS = 100;
 const DEFAULT_MODEL = "SmolLM2-135M-Instruct";
+const MAX_TOKENS_STORAGE = "exo.chatMaxTokens";
 
 let conversations = loadConversations();
 let currentId = conversations[0]?.id ?? null;
@@ -181,7 +182,13 @@ export async function send(text) {
     const response = await request("/v1/chat/completions", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
-      body: JSON.stringify({ model, messages: history, stream: true, stream_options: { include_usage: true } }),
+      body: JSON.stringify({
+        model,
+        messages: history,
+        stream: true,
+        stream_options: { include_usage: true },
+        ...(maxTokens() ? { max_tokens: maxTokens() } : {}),
+      }),
       signal: controller.signal,
     });
     if (!response.ok) throw new Error(await errorText(response));
@@ -232,6 +239,11 @@ function usageStats(usage, started, firstToken) {
   };
 }
 
+function maxTokens() {
+  const value = Number(document.getElementById("chat-max-tokens").value);
+  return Number.isInteger(value) && value > 0 ? value : null;
+}
+
 export function stop() {
   running?.controller.abort();
 }
@@ -252,6 +264,9 @@ export function setupChat() {
     }
   });
   document.getElementById("stop").addEventListener("click", stop);
+  const limit = document.getElementById("chat-max-tokens");
+  limit.value = localStorage.getItem(MAX_TOKENS_STORAGE) || "";
+  limit.addEventListener("change", () => localStorage.setItem(MAX_TOKENS_STORAGE, limit.value));
   document.addEventListener("keydown", (event) => {
     if (event.key === "Escape" && running) stop();
   });

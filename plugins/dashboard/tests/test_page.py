@@ -1,0 +1,111 @@
+"""The page in headless Chromium against an in-process node: model output stays text, the page
+is usable by keyboard and at phone width, and it asks for nothing from other hosts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import expect
+
+import exo_dashboard.plugin as dashboard_plugin
+from exo_core.testing.harness import RunningNode, running_node
+
+from .conftest import PHONE, OpenPage
+
+HOSTILE = """# Title
+<img src=x onerror="window.__pwned = 1">
+**bold <script>window.__pwned = 2</script>** and `<b>code</b>`
+[click](javascript:window.__pwned=3) [ok](https://example.org/a?b=1)
+
+```html
+<iframe src="https://example.org"></iframe>
+```
+
+- one
+- two
+"""
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
+    with running_node(tmp_path_factory.mktemp("page"), [dashboard_plugin]) as node:
+        yield node
+
+
+def test_markdown_from_a_model_never_becomes_html(node: RunningNode, open_page: OpenPage) -> None:
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(node.url)
+    counts = page.evaluate(
+        """async (source) => {
+            const { renderMarkdown } = await import("/static/js/markdown.js");
+            const box = document.createElement("div");
+            box.append(renderMarkdown(source));
+            document.body.append(box);
+            await new Promise((r) => setTimeout(r, 200));
+            return {
+                img: box.querySelectorAll("img").length,
+                script: box.querySelectorAll("script").length,
+                iframe: box.querySelectorAll("iframe").length,
+                b: box.querySelectorAll("b").length,
+                links: [...box.querySelectorAll("a")].map((a) => a.href),
+                code: box.querySelector("pre code").textContent,
+                strong: box.querySelector("strong").textContent,
+                items: box.querySelectorAll("li").length,
+                heading: box.querySelector("h3").textContent,
+                pwned: window.__pwned ?? null,
+            };
+        }""",
+        HOSTILE,
+    )
+    assert counts["img"] == counts["script"] == counts["iframe"] == counts["b"] == 0
+    assert counts["pwned"] is None
+    assert counts["links"] == ["https://example.org/a?b=1"]
+    assert counts["code"] == '<iframe src="https://example.org"></iframe>'
+    assert counts["strong"].startswith("bold <script>")
+    assert counts["items"] == 2 and counts["heading"] == "Title"
+    watched.assert_clean()
+
+
+def test_the_views_are_reachable_by_keyboard(node: RunningNode, open_page: OpenPage) -> None:
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(node.url)
+    expect(page.locator(".node-card")).to_have_count(1)
+    # Tab from the top: the skip link, then the views.
+    labels = []
+    for _ in range(4):
+        page.keyboard.press("Tab")
+        labels.append(page.evaluate("document.activeElement.textContent.trim()"))
+    assert labels[:4] == ["Skip to content", "Cluster", "Models", "Chat"], labels
+    page.keyboard.press("Enter")
+    expect(page.locator("#view-chat")).to_be_visible()
+    expect(page.locator("#prompt")).to_be_focused()
+    watched.assert_clean()
+
+
+def test_phone_width_has_no_sideways_scrolling(node: RunningNode, open_page: OpenPage) -> None:
+    watched = open_page(node.url, PHONE)
+    page = watched.page
+    for view in ("cluster", "models", "chat"):
+        page.goto(f"{node.url}/#{view}")
+        expect(page.locator(f"#view-{view}")).to_be_visible()
+        page.wait_for_timeout(300)
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, (view, overflow)
+    watched.screenshot("phone-models")
+    watched.assert_clean()
+
+
+def test_the_images_view_hides_itself_without_a_ready_image_model(
+    node: RunningNode, open_page: OpenPage
+) -> None:
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(f"{node.url}/#images")
+    expect(page.locator(".node-card")).to_have_count(1)
+    expect(page.locator('.tabs a[data-view="images"]')).to_be_hidden()
+    expect(page.locator("#view-images")).to_be_hidden()
+    expect(page.locator("#view-cluster")).to_be_visible()
+    watched.assert_clean()
