@@ -210,12 +210,13 @@ export async function send(text) {
       controller.signal,
     );
   } catch (error) {
-    if (controller.signal.aborted) reply.stats = { ...(reply.stats || {}), stopped: true };
-    else {
+    if (!controller.signal.aborted) {
       reply.error = String(error.message || error);
       controller.abort();
     }
   } finally {
+    // Stopped: the stream ends early (abort cancels the reader) or the fetch rejects.
+    if (controller.signal.aborted && !reply.error) reply.stats = { ...(reply.stats || {}), stopped: true };
     reply.streaming = false;
     if (!reply.stats?.completion_tokens && firstToken) {
       reply.stats = { ...(reply.stats || {}), ttft_s: (firstToken - started) / 1000 };

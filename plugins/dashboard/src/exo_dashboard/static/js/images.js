@@ -77,6 +77,7 @@ async function generate() {
       },
       controller.signal,
     );
+    if (controller.signal.aborted) status.textContent = "Cancelled";
   } catch (error) {
     status.textContent = controller.signal.aborted ? "Cancelled" : `Failed: ${error.message || error}`;
   } finally {
