@@ -76,7 +76,11 @@ def test_a_cluster_launch_chat_stop_and_a_node_leaving(tmp_path: Path, open_page
         expect(page.locator(f'.node-card[data-node-id="{master}"] .badge.master')).to_have_text(
             f"master · term {state['master']['term']}"
         )
-        expect(page.locator(f'.node-card[data-node-id="{first.get("/node_id")["node_id"]}"] .badge.self')).to_be_visible()
+        expect(
+            page.locator(
+                f'.node-card[data-node-id="{first.get("/node_id")["node_id"]}"] .badge.self'
+            )
+        ).to_be_visible()
         expect(page.locator("#topology line")).to_have_count(_links(state))
         expect(page.locator("#conn")).to_have_attribute("data-state", "up")
 
@@ -97,7 +101,9 @@ def test_a_cluster_launch_chat_stop_and_a_node_leaving(tmp_path: Path, open_page
         page.fill("#chat-max-tokens", "24")
         page.locator("#chat-max-tokens").dispatch_event("change")
         page.goto(f"{first.url}/?q=What+is+the+capital+of+France%3F")
-        expect(page.locator(".message.user .bubble").last).to_have_text("What is the capital of France?")
+        expect(page.locator(".message.user .bubble").last).to_have_text(
+            "What is the capital of France?"
+        )
         stats = page.locator(".message.assistant .stats-line").last
         expect(stats).to_contain_text("tok/s", timeout=60_000)
         expect(stats).to_contain_text("out")

@@ -62,7 +62,9 @@ def _progress_values(page: object, seen: set[int]) -> bool:
     return len({v for v in seen if 0 < v < 100}) >= 2
 
 
-def test_a_download_moves_and_the_page_follows_its_node(node: ExoProcess, open_page: OpenPage) -> None:
+def test_a_download_moves_and_the_page_follows_its_node(
+    node: ExoProcess, open_page: OpenPage
+) -> None:
     watched = open_page(node.url)
     page = watched.page
     page.goto(f"{node.url}/#models")

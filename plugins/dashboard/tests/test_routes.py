@@ -30,7 +30,11 @@ def test_the_page_is_served_at_the_root_with_a_strict_content_policy(node: Runni
 
 @pytest.mark.parametrize(
     ("path", "kind"),
-    [("/static/js/main.js", "javascript"), ("/static/app.css", "text/css"), ("/static/icon.svg", "svg")],
+    [
+        ("/static/js/main.js", "javascript"),
+        ("/static/app.css", "text/css"),
+        ("/static/icon.svg", "svg"),
+    ],
 )
 def test_static_files_carry_their_types(node: RunningNode, path: str, kind: str) -> None:
     answer = httpx.get(f"{node.url}{path}")
@@ -44,7 +48,9 @@ def test_every_module_the_page_imports_is_served(node: RunningNode) -> None:
         assert httpx.get(f"{node.url}/static/js/{module.name}").status_code == 200, module.name
 
 
-@pytest.mark.parametrize("path", ["/static/../plugin.py", "/static/%2e%2e/routes.py", "/static/nope.js"])
+@pytest.mark.parametrize(
+    "path", ["/static/../plugin.py", "/static/%2e%2e/routes.py", "/static/nope.js"]
+)
 def test_nothing_outside_the_static_folder_is_served(node: RunningNode, path: str) -> None:
     answer = httpx.get(f"{node.url}{path}")
     assert answer.status_code == 404, (path, answer.text[:200])

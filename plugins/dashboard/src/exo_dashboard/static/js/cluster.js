@@ -25,7 +25,7 @@ export function statusBadge(status) {
   return h(`span.badge.status-${status}`, {}, STATUS_WORDS[status] || status);
 }
 
-function nodeCard(store, node) {
+function nodeCard(store, node, position) {
   const { state, nodeId } = store;
   const r = node.resources || {};
   const used = Math.max(0, (r.memory_total || 0) - (r.memory_available || 0));
@@ -38,7 +38,8 @@ function nodeCard(store, node) {
     h(
       "header",
       {},
-      h("h3", {}, node.hostname || shortId(node.node_id)),
+      h("span.node-number", { "aria-hidden": "true" }, String(position)),
+      h("h3", {}, nodeName(state, node.node_id)),
       isMaster ? h("span.badge.master", { title: "elected master" }, `master · term ${state.master.term}`) : null,
       node.node_id === nodeId ? h("span.badge.self", { title: "the node this page talks to" }, "this node") : null,
       quiet ? h("span.badge.status-failed", {}, "not reporting") : null,
@@ -101,8 +102,9 @@ function drawTopology(svg, store) {
     const { x, y } = place.get(id);
     const master = state.master?.node_id === id;
     el("circle", { cx: x, cy: y, r: 22, class: master ? "vertex master" : "vertex" });
-    el("text", { x, y: y + 4, class: "vertex-initial", "text-anchor": "middle" }, master ? "M" : String(ids.indexOf(id) + 1));
+    el("text", { x, y: y + 5, class: "vertex-initial", "text-anchor": "middle" }, String(ids.indexOf(id) + 1));
     el("text", { x, y: y + 40, class: "vertex-label", "text-anchor": "middle" }, nodeName(state, id));
+    if (master) el("title", {}, "master");
   }
   if (!ids.length) el("text", { x: width / 2, y: height / 2, class: "vertex-label", "text-anchor": "middle" }, "no nodes yet");
   svg.setAttribute("aria-label", `${ids.length} nodes, ${links(state).length} links`);
@@ -115,6 +117,13 @@ async function deleteInstance(instanceId, button) {
     toast(`Could not delete the instance: ${await errorText(response)}`, "error");
     button.disabled = false;
   }
+}
+
+/** While a runner waits for its weights: how far the download on that node is. */
+function downloadNote(state, nodeId, modelId, status) {
+  const progress = state.downloads?.[nodeId]?.[modelId];
+  if (status !== "downloading" || !progress || progress.total_bytes <= 0) return null;
+  return h("span.muted.small", {}, ` ${Math.floor((100 * progress.downloaded_bytes) / progress.total_bytes)}%`);
 }
 
 function instanceCard(state, instance) {
@@ -151,7 +160,7 @@ function instanceCard(state, instance) {
             h("td", {}, nodeName(state, shard.node_id)),
             h("td", {}, `${shard.rank} / ${shard.world_size}`),
             h("td", {}, `${shard.start_layer}–${shard.end_layer}`),
-            h("td", {}, statusBadge(status), runner?.error ? h("div.error-text", {}, runner.error) : null),
+            h("td", {}, statusBadge(status), downloadNote(state, shard.node_id, instance.model_id, status), runner?.error ? h("div.error-text", {}, runner.error) : null),
           );
         }),
       ),
@@ -211,7 +220,7 @@ export function renderCluster(store) {
     state.master ? ` · master ${nodeName(state, state.master.node_id)} (term ${state.master.term})` : " · no master yet",
     ` · ${instances.length} instance${instances.length === 1 ? "" : "s"}`,
   );
-  render(document.getElementById("nodes"), nodes.map((node) => nodeCard(store, node)));
+  render(document.getElementById("nodes"), nodes.map((node, i) => nodeCard(store, node, i + 1)));
   drawTopology(document.getElementById("topology"), store);
   render(
     document.getElementById("instances"),

@@ -57,8 +57,9 @@ export function formatDuration(seconds) {
   return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
 }
 
+/** The end of an id: libp2p peer ids all begin alike ("12D3KooW..."), their ends differ. */
 export function shortId(id) {
-  return id && id.length > 12 ? `${id.slice(0, 8)}…` : id || "";
+  return id && id.length > 12 ? `…${id.slice(-8)}` : id || "";
 }
 
 /** A progress bar (0..1) with an accessible value. */

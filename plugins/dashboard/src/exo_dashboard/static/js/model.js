@@ -9,7 +9,8 @@ export function nodeName(state, nodeId) {
   const node = state.nodes[nodeId];
   if (!node) return shortId(nodeId);
   const sameHost = Object.values(state.nodes).filter((n) => n.hostname === node.hostname).length > 1;
-  return node.hostname ? (sameHost ? `${node.hostname} (${nodeId.slice(0, 6)})` : node.hostname) : shortId(nodeId);
+  if (!node.hostname) return shortId(nodeId);
+  return sameHost ? `${node.hostname} ·${nodeId.slice(-4)}` : node.hostname;
 }
 
 /** "image" for cards whose tasks make images, else "text". */
