@@ -4,11 +4,13 @@ is usable by keyboard and at phone width, and it asks for nothing from other hos
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
 import exo_dashboard.plugin as dashboard_plugin
+from exo_core.config import NodeConfig
 from exo_core.testing.harness import RunningNode, running_node
 
 from .conftest import PHONE, OpenPage
@@ -109,3 +111,26 @@ def test_the_images_view_hides_itself_without_a_ready_image_model(
     expect(page.locator("#view-images")).to_be_hidden()
     expect(page.locator("#view-cluster")).to_be_visible()
     watched.assert_clean()
+
+
+def test_the_page_asks_for_the_api_key_and_sends_it(tmp_path: Path, open_page: OpenPage) -> None:
+    if "api_key" not in NodeConfig.__struct_fields__:
+        pytest.skip("this core has no API key setting")
+    with running_node(tmp_path, [dashboard_plugin], api_key="s3cret") as node:
+        watched = open_page(node.url)
+        page = watched.page
+        page.goto(node.url)
+        dialog = page.locator("#key-dialog")
+        expect(dialog).to_be_visible()
+        page.fill("#key-input", "s3cret")
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_hidden()
+        expect(page.locator(".node-card")).to_have_count(1)
+        expect(page.locator("#conn")).to_have_attribute("data-state", "up")
+        # Kept in this browser: a reload asks no more.
+        page.reload()
+        expect(page.locator(".node-card")).to_have_count(1)
+        expect(dialog).to_be_hidden()
+        # The only errors are the first, keyless answers (401).
+        assert all("401" in e for e in watched.errors), watched.errors
+        assert not watched.foreign
