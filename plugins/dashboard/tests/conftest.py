@@ -12,6 +12,13 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
 
+import exo_api_openai.plugin as openai_plugin
+import exo_dashboard.plugin as dashboard_plugin
+from exo_core.testing.harness import RunningNode, running_node
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+
+from .support import StandIns
+
 ARTIFACTS = Path(__file__).resolve().parents[3] / "artifacts" / "dashboard"
 DESKTOP = {"width": 1280, "height": 800}
 PHONE = {"width": 390, "height": 844}
@@ -44,6 +51,15 @@ class WatchedPage:
         path = ARTIFACTS / f"{name}.png"
         self.page.screenshot(path=str(path))
         return path
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
+    """One in-process node for the quick tests: the dashboard, the OpenAI API, the scripted
+    engine, and the stand-ins (an image route and two more cards)."""
+    plugins = [dashboard_plugin, openai_plugin, ScriptedEnginePlugin(delay_s=0.05), StandIns()]
+    with running_node(tmp_path_factory.mktemp("dashboard"), plugins) as node:
+        yield node
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@ is usable by keyboard and at phone width, and it asks for nothing from other hos
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from exo_core.config import NodeConfig
 from exo_core.testing.harness import RunningNode, running_node
 
 from .conftest import PHONE, OpenPage
+from .firefox import firefox, firefox_path
 
 HOSTILE = """# Title
 <img src=x onerror="window.__pwned = 1">
@@ -27,12 +27,6 @@ HOSTILE = """# Title
 - one
 - two
 """
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    with running_node(tmp_path_factory.mktemp("page"), [dashboard_plugin]) as node:
-        yield node
 
 
 def test_markdown_from_a_model_never_becomes_html(node: RunningNode, open_page: OpenPage) -> None:
@@ -100,19 +94,6 @@ def test_phone_width_has_no_sideways_scrolling(node: RunningNode, open_page: Ope
     watched.assert_clean()
 
 
-def test_the_images_view_hides_itself_without_a_ready_image_model(
-    node: RunningNode, open_page: OpenPage
-) -> None:
-    watched = open_page(node.url)
-    page = watched.page
-    page.goto(f"{node.url}/#images")
-    expect(page.locator(".node-card")).to_have_count(1)
-    expect(page.locator('.tabs a[data-view="images"]')).to_be_hidden()
-    expect(page.locator("#view-images")).to_be_hidden()
-    expect(page.locator("#view-cluster")).to_be_visible()
-    watched.assert_clean()
-
-
 def test_the_page_asks_for_the_api_key_and_sends_it(tmp_path: Path, open_page: OpenPage) -> None:
     if "api_key" not in NodeConfig.__struct_fields__:
         pytest.skip("this core has no API key setting")
@@ -134,3 +115,18 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tmp_path: Path, open_page: O
         # The only errors are the first, keyless answers (401).
         assert all("401" in e for e in watched.errors), watched.errors
         assert not watched.foreign
+
+
+@pytest.mark.skipif(firefox_path() is None, reason="Firefox is not installed")
+def test_the_page_works_in_firefox(node: RunningNode) -> None:
+    with firefox() as browser:
+        for width, height in ((1280, 800), (390, 844)):
+            browser.open(f"{node.url}/#cluster", width, height)
+            assert browser.wait_for("document.querySelectorAll('.node-card').length") == 1
+            assert browser.wait_for("document.querySelector('#conn').dataset.state === 'up'")
+            overflow = browser.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, (width, overflow)
+            browser.open(f"{node.url}/#models", width, height)
+            assert browser.wait_for("!document.querySelector('#view-models').hidden")
+            assert browser.wait_for("document.querySelectorAll('#model-list li').length") >= 1
+        assert browser.errors() == []

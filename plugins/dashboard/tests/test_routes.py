@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 import exo_dashboard.plugin as dashboard_plugin
-from exo_core.testing.harness import RunningNode, running_node
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    with running_node(tmp_path_factory.mktemp("dashboard"), [dashboard_plugin]) as node:
-        yield node
+from exo_core.testing.harness import RunningNode
 
 
 def test_the_page_is_served_at_the_root_with_a_strict_content_policy(node: RunningNode) -> None:

@@ -1,105 +1,17 @@
 """The page in headless Chromium against an in-process node with the scripted engine: thinking
 is shown collapsed, conversations switch, a model that fits nowhere is refused in words, and
-the images view shows partial images, the final one, and cancels. The image route here is a
-stand-in that speaks OpenAI's streaming shape (the image engine is its own plugin)."""
+the images view appears with a ready image model, shows partial images, the final one, cancels,
+and hides itself again when the model goes."""
 
 from __future__ import annotations
 
-import base64
-import json
-import struct
-import zlib
-from collections.abc import AsyncIterator, Iterator
-
-import anyio
 import httpx
-import pytest
-from litestar import post
-from litestar.response import Stream
 from playwright.sync_api import expect
 
-import exo_api_openai.plugin as openai_plugin
-import exo_dashboard.plugin as dashboard_plugin
-from exo_core.hookspecs import hookimpl
-from exo_core.ids import ModelId
-from exo_core.model_cards import ModelCard, ModelTask
-from exo_core.testing.harness import RunningNode, running_node
-from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+from exo_core.testing.harness import RunningNode
 
 from .conftest import OpenPage
-
-IMAGE_MODEL = "scripted-painter"
-HUGE_MODEL = "scripted-huge"
-
-
-def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
-    """A valid one-colour PNG, written by hand (no imaging library needed)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(rows))
-        + chunk(b"IEND", b"")
-    )
-
-
-def _event(kind: str, **fields: object) -> bytes:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
-
-
-@post("/v1/images/generations")
-async def images_stand_in(data: dict[str, object]) -> Stream:
-    """Two partial images, then the final one; a prompt with "slow" never finishes."""
-
-    async def frames() -> AsyncIterator[bytes]:
-        for index, colour in enumerate([(60, 60, 90), (120, 120, 160)]):
-            b64 = base64.b64encode(png(32, 32, colour)).decode()
-            yield _event("image_generation.partial_image", b64_json=b64, partial_image_index=index)
-            await anyio.sleep(0.4)
-        if "slow" in str(data.get("prompt")):
-            await anyio.sleep(120)
-        final = base64.b64encode(png(64, 64, (250, 204, 21))).decode()
-        yield _event("image_generation.completed", b64_json=final)
-
-    return Stream(frames(), media_type="text/event-stream")
-
-
-class StandIns:
-    @hookimpl
-    def exo_routes(self) -> list[object]:
-        return [images_stand_in]
-
-    @hookimpl
-    def exo_model_cards(self) -> list[ModelCard]:
-        common = {"family": "scripted", "n_layers": 4, "hidden_size": 64}
-        return [
-            ModelCard(
-                model_id=ModelId(IMAGE_MODEL),
-                storage_size_bytes=1_000_000,
-                tasks=(ModelTask.IMAGE_GENERATION,),
-                source="scripted:painter",
-                **common,  # type: ignore[arg-type]
-            ),
-            ModelCard(
-                model_id=ModelId(HUGE_MODEL),
-                storage_size_bytes=1 << 50,
-                source="scripted:huge",
-                **common,  # type: ignore[arg-type]
-            ),
-        ]
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    plugins = [dashboard_plugin, openai_plugin, ScriptedEnginePlugin(delay_s=0.05), StandIns()]
-    with running_node(tmp_path_factory.mktemp("scripted"), plugins) as node:
-        yield node
+from .support import HUGE_MODEL, IMAGE_MODEL
 
 
 def test_thinking_is_collapsed_and_conversations_switch(
@@ -178,4 +90,11 @@ def test_images_stream_partials_then_the_final_one_and_cancel(
     page.get_by_role("button", name="Cancel").click()
     expect(page.locator("#image-status")).to_have_text("Cancelled")
     expect(page.get_by_role("button", name="Generate")).to_be_visible()
+
+    # The model goes: the view hides itself and the page falls back to the cluster.
+    instances = httpx.get(f"{node.url}/state/instances").json()
+    instance = next(i for i, v in instances.items() if v["model_id"] == IMAGE_MODEL)
+    assert httpx.delete(f"{node.url}/instance/{instance}").status_code == 200
+    expect(tab).to_be_hidden()
+    expect(page.locator("#view-cluster")).to_be_visible()
     watched.assert_clean()
