@@ -90,7 +90,7 @@ def test_phone_width_has_no_sideways_scrolling(node: RunningNode, open_page: Ope
         page.wait_for_timeout(300)
         overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, (view, overflow)
-    watched.screenshot("phone-models")
+    watched.screenshot("phone-chat-empty")
     watched.assert_clean()
 
 
