@@ -98,3 +98,40 @@ def test_images_stream_partials_then_the_final_one_and_cancel(
     expect(tab).to_be_hidden()
     expect(page.locator("#view-cluster")).to_be_visible()
     watched.assert_clean()
+
+
+def test_the_page_applies_events_as_the_node_does(node: RunningNode, open_page: OpenPage) -> None:
+    """Replaying the node's whole log with the page's reducer (store.js) gives the node's state."""
+    if not httpx.get(f"{node.url}/state/instances").json():
+        assert httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).is_success
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(node.url)
+    expect(page.locator(".node-card")).to_have_count(1)
+    replayed, state, refused = page.evaluate(
+        """async () => {
+            const { applyEvent } = await import("/static/js/store.js");
+            const { readEvents } = await import("/static/js/api.js");
+            const state = await (await fetch("/state")).json();
+            let replayed = { last_index: -1, master: null, nodes: {}, topology: {},
+                model_cards: {}, downloads: {}, instances: {}, runners: {}, tasks: {} };
+            const controller = new AbortController();
+            const response = await fetch("/events?since=0", { signal: controller.signal });
+            await readEvents(response, (message) => {
+                const indexed = JSON.parse(message.data);
+                if (indexed.index > state.last_index) return;
+                replayed = applyEvent(replayed, indexed);
+                if (indexed.index === state.last_index) controller.abort();
+            }, controller.signal);
+            // A gap or an event the page does not know means: fetch the state again.
+            const refused = [
+                applyEvent(replayed, { index: replayed.last_index + 2, event: { type: "MasterElected" } }),
+                applyEvent(replayed, { index: replayed.last_index + 1, event: { type: "SomethingNew" } }),
+            ];
+            return [replayed, state, refused];
+        }"""
+    )
+    assert state["instances"] and state["runners"]
+    assert replayed == state
+    assert refused == [None, None]
+    watched.assert_clean()
