@@ -9,6 +9,7 @@ import httpx
 from playwright.sync_api import expect
 
 from exo_core.testing.harness import RunningNode
+from exo_core.testing.processes import wait_until
 
 from .conftest import OpenPage
 from .support import HUGE_MODEL, IMAGE_MODEL
@@ -104,6 +105,7 @@ def test_the_page_applies_events_as_the_node_does(node: RunningNode, open_page: 
     """Replaying the node's whole log with the page's reducer (store.js) gives the node's state."""
     if not httpx.get(f"{node.url}/state/instances").json():
         assert httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).is_success
+    wait_until(lambda: httpx.get(f"{node.url}/state/runners").json(), timeout=30)
     watched = open_page(node.url)
     page = watched.page
     page.goto(node.url)
