@@ -42,11 +42,18 @@ def _event(kind: str, **fields: object) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
 
 
+RECEIVED: list[dict[str, object]] = []
+
+
 @post("/v1/images/generations")
 async def images_stand_in(data: dict[str, object]) -> Stream:
-    """Two partial images, then the final one; a prompt with "slow" never finishes."""
+    """A progress event, two partial images, then the final one; a prompt with "slow" never
+    finishes. Each request body is kept in RECEIVED."""
+    RECEIVED.append(data)
 
     async def frames() -> AsyncIterator[bytes]:
+        yield _event("image_generation.progress", step=1, total=4, index=0)
+        await anyio.sleep(0.3)
         for index, colour in enumerate([(60, 60, 90), (120, 120, 160)]):
             b64 = base64.b64encode(png(32, 32, colour)).decode()
             yield _event("image_generation.partial_image", b64_json=b64, partial_image_index=index)

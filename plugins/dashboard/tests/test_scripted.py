@@ -12,7 +12,7 @@ from exo_core.testing.harness import RunningNode
 from exo_core.testing.processes import wait_until
 
 from .conftest import OpenPage
-from .support import HUGE_MODEL, IMAGE_MODEL
+from .support import HUGE_MODEL, IMAGE_MODEL, RECEIVED
 
 
 def test_thinking_is_collapsed_and_conversations_switch(
@@ -79,11 +79,15 @@ def test_images_stream_partials_then_the_final_one_and_cancel(
     expect(page.locator("#image-model")).to_have_value(IMAGE_MODEL)
     page.fill("#image-prompt", "a yellow square")
     page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#image-status")).to_have_text("Step 1 of 4…")
     expect(page.locator("#image-out img")).to_have_attribute("alt", "partial image 0")
     expect(page.locator("#image-out img")).to_have_attribute("alt", "a yellow square")
     expect(page.locator("#image-status")).to_contain_text("Done in")
     width = page.locator("#image-out img").evaluate("img => img.naturalWidth")
     assert width == 64
+    sent = RECEIVED[-1]
+    assert sent["stream"] is True and sent["partial_images"] == 2 and sent["size"] == "512x512"
+    assert sent["advanced_params"] == {"num_inference_steps": 4}
 
     page.fill("#image-prompt", "slow")
     page.get_by_role("button", name="Generate").click()

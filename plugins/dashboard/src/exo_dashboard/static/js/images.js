@@ -1,6 +1,7 @@
 // The images view: shown only while an image model has a ready instance. It streams
-// /v1/images/generations (OpenAI's shape: partial images, then the final one) and shows each
-// picture as it arrives. Cancel aborts the request.
+// /v1/images/generations (OpenAI's shape: partial images, then the final one, plus exo's
+// `progress` events, step i of N) and shows each picture as it arrives. Steps go in exo's
+// `advanced_params`. Cancel aborts the request.
 
 import { errorText, readEvents, request } from "./api.js";
 import { h, render } from "./dom.js";
@@ -57,7 +58,7 @@ async function generate() {
         n: 1,
         stream: true,
         partial_images: 2,
-        steps: Number(document.getElementById("image-steps").value) || undefined,
+        advanced_params: { num_inference_steps: Number(document.getElementById("image-steps").value) || undefined },
       }),
       signal: controller.signal,
     });
@@ -68,8 +69,13 @@ async function generate() {
         if (message.data === "[DONE]") return;
         const event = JSON.parse(message.data);
         if (event.error) throw new Error(event.error.message || "generation failed");
+        const kind = String(event.type || message.event);
+        if (kind.endsWith("progress")) {
+          status.textContent = `Step ${event.step} of ${event.total}…`;
+          return;
+        }
         if (!event.b64_json) return;
-        const final = String(event.type || message.event).endsWith("completed");
+        const final = kind.endsWith("completed");
         render(out, picture(event.b64_json, final ? prompt : `partial image ${event.partial_image_index ?? ""}`));
         status.textContent = final
           ? `Done in ${((performance.now() - started) / 1000).toFixed(1)} s`
