@@ -75,6 +75,10 @@ function select(modelId) {
   selected = modelId;
   renderList();
   renderDetail();
+  // On a phone the details are below the list: bring them into view.
+  if (matchMedia("(max-width: 760px)").matches) {
+    document.getElementById("model-detail").scrollIntoView({ block: "start" });
+  }
 }
 
 async function renderDetail() {
