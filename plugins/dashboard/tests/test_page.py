@@ -103,9 +103,20 @@ def test_the_page_asks_for_the_api_key_and_sends_it(tmp_path: Path, open_page: O
         page.goto(node.url)
         dialog = page.locator("#key-dialog")
         expect(dialog).to_be_visible()
+        # Closed without a key: the banner offers to enter it.
+        page.keyboard.press("Escape")
+        expect(page.locator("#banner")).to_contain_text("needs an API key")
+        expect(page.locator("#conn")).to_have_attribute("data-state", "locked")
+        page.get_by_role("button", name="Enter API key").click()
+        # A wrong key is asked again; the right one opens the page.
+        expect(dialog).to_be_visible()
+        page.fill("#key-input", "wrong")
+        page.keyboard.press("Enter")
+        expect(dialog).to_be_visible(timeout=10_000)
         page.fill("#key-input", "s3cret")
         page.keyboard.press("Enter")
         expect(dialog).to_be_hidden()
+        expect(page.locator("#banner")).to_be_hidden()
         expect(page.locator(".node-card")).to_have_count(1)
         expect(page.locator("#conn")).to_have_attribute("data-state", "up")
         # Kept in this browser: a reload asks no more.

@@ -35,11 +35,18 @@ function withAuth(init = {}) {
 }
 
 let pendingKey = null;
+// Set when the person closed the key dialog: no more asking until they choose to (keyPrompt()).
+let declined = false;
+
+/** Lets the next 401 ask for the key again (the banner's "Enter API key" button). */
+export function allowKeyPrompt() {
+  declined = false;
+}
 
 /** fetch() on this node; on 401 asks for the key once (shared by concurrent callers). */
 export async function request(path, init = {}) {
   let response = await fetch(path, withAuth(init));
-  if (response.status === 401) {
+  if (response.status === 401 && !declined) {
     pendingKey ??= askForKey().finally(() => {
       pendingKey = null;
     });
@@ -47,6 +54,8 @@ export async function request(path, init = {}) {
     if (key) {
       saveApiKey(key);
       response = await fetch(path, withAuth(init));
+    } else {
+      declined = true;
     }
   }
   return response;

@@ -1,9 +1,10 @@
 // Wires the page: views by URL hash, the API key prompt, the connection banner, and the
 // store's updates to each view.
 
-import { setKeyPrompt } from "./api.js";
+import { allowKeyPrompt, setKeyPrompt } from "./api.js";
 import { renderModelPicker, setupChat, startFromQuery } from "./chat.js";
 import { renderCluster } from "./cluster.js";
+import { h, render } from "./dom.js";
 import { readyImageModels, renderImagePicker, setupImages } from "./images.js";
 import { loadModels, renderList, setupModels } from "./models.js";
 import { store } from "./store.js";
@@ -46,10 +47,17 @@ function renderConnection() {
   const conn = document.getElementById("conn");
   const banner = document.getElementById("banner");
   const text = conn.querySelector(".conn-text");
-  conn.dataset.state = store.reachable === null ? "connecting" : store.reachable ? "up" : "down";
-  text.textContent = store.reachable === null ? "connecting" : store.reachable ? "live" : "unreachable";
-  banner.hidden = store.reachable !== false;
-  banner.textContent = store.reachable === false ? `Cannot reach this exo node (${store.error}). Retrying…` : "";
+  const state = store.needsKey ? "locked" : store.reachable === null ? "connecting" : store.reachable ? "up" : "down";
+  conn.dataset.state = state;
+  text.textContent = { locked: "API key needed", connecting: "connecting", up: "live", down: "unreachable" }[state];
+  banner.hidden = state !== "down" && state !== "locked";
+  if (state === "down") {
+    render(banner, `Cannot reach this exo node (${store.error}). Retrying…`);
+  } else if (state === "locked") {
+    const enter = h("button.small", { type: "button" }, "Enter API key");
+    enter.addEventListener("click", allowKeyPrompt);
+    render(banner, `This node needs an API key (${store.error}). `, enter);
+  }
 }
 
 function renderAll() {

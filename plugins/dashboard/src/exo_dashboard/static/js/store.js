@@ -84,6 +84,7 @@ export class ClusterStore {
     this.nodeId = null;
     this.reachable = null; // null until the first answer
     this.error = "";
+    this.needsKey = false; // the node answers 401: no key, or a wrong one
     this.listeners = new Set();
     this.eventListeners = new Set();
     this.scheduled = false;
@@ -125,8 +126,9 @@ export class ClusterStore {
         await this.syncOnce();
         attempt = 0;
       } catch (error) {
-        const detail = error instanceof ApiError ? error.detail : "the node does not answer";
-        this.setReachable(error instanceof ApiError && error.status !== 401 ? true : false, detail);
+        const answered = error instanceof ApiError;
+        this.needsKey = answered && error.status === 401;
+        this.setReachable(answered, answered ? error.detail : "the node does not answer");
       }
       await new Promise((resolve) => setTimeout(resolve, RETRY_MS[Math.min(attempt, RETRY_MS.length - 1)]));
     }
@@ -136,6 +138,7 @@ export class ClusterStore {
     const [state, who] = await Promise.all([getJson("/state"), getJson("/node_id")]);
     this.state = state;
     this.nodeId = who.node_id;
+    this.needsKey = false;
     this.setReachable(true);
     this.notify();
     const controller = new AbortController();
