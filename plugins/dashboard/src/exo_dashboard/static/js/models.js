@@ -104,6 +104,7 @@ async function renderDetail() {
       h("dt", {}, "Downloaded on"),
       h("dd", {}, downloadedOn(state, card.model_id).join(", ") || "no node yet"),
     ),
+    downloadButton(card),
     h("h3", {}, "Where it would run"),
     previews,
   );
@@ -120,6 +121,27 @@ async function renderDetail() {
     return;
   }
   render(previews, body.previews.map((preview, i) => previewCard(card, preview, i)));
+}
+
+/** A model from the hub not yet on this node can be fetched ahead of launching it. */
+function downloadButton(card) {
+  const state = store.state;
+  const here = state.downloads?.[store.nodeId]?.[card.model_id];
+  if (!card.source.startsWith("hf:") || (here && here.status !== "failed")) return null;
+  const button = h("button", { type: "button" }, "Download to this node");
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    const path = card.model_id.split("/").map(encodeURIComponent).join("/");
+    try {
+      await sendJson("POST", `/download/${path}`);
+      toast(`Downloading ${card.model_id}`);
+      location.hash = "#cluster";
+    } catch (error) {
+      button.disabled = false;
+      toast(`Could not download: ${error.detail || error}`, "error");
+    }
+  });
+  return h("p", {}, button);
 }
 
 function previewCard(card, preview, index) {
