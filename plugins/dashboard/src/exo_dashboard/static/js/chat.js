@@ -86,7 +86,19 @@ function statsLine(stats) {
   return h("div.stats-line", {}, parts.join(" · "));
 }
 
+// Rendered messages by identity: while a reply streams, only that reply is rendered again.
+const rendered = new WeakMap();
+
 function messageView(message) {
+  const key = JSON.stringify([message.content, message.reasoning, message.error, message.stats, message.streaming]);
+  const cached = rendered.get(message);
+  if (cached?.key === key) return cached.node;
+  const node = buildMessage(message);
+  rendered.set(message, { key, node });
+  return node;
+}
+
+function buildMessage(message) {
   if (message.role === "user") return h("div.message.user", {}, h("div.bubble", {}, message.content));
   const body = h("div.markdown", {}, renderMarkdown(message.content || ""));
   return h(
