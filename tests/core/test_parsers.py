@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from exo_core.builtin.output_parsers import HermesToolParser, ThinkParser
+from exo_core.builtin.output_parsers import HermesToolParser
 from exo_core.generation import Chunk, TextChunk, ThinkingChunk, ToolCallChunk
 from exo_core.ids import TaskId
-from exo_core.parsers import ChainedParser, OutputParser
+from exo_core.parsers import ChainedParser, OutputParser, ThinkParser
 
 T = TaskId("t")
 

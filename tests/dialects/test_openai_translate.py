@@ -30,7 +30,7 @@ from exo_core.service import InvalidRequest
 from exo_core.testing.scripted_engine import ECHO, THINKER
 
 T = TaskId("task-1")
-USAGE = Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=1)
+USAGE = Usage(prompt_tokens=5, completion_tokens=2, cached_tokens=1, reasoning_tokens=1)
 
 
 def _chat(**body: Any) -> ChatCompletionRequest:
@@ -220,6 +220,7 @@ def test_chat_completion_object() -> None:
     assert choice["message"]["content"] == "ab" and choice["message"]["reasoning_content"] == "hm"
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
     assert result["usage"]["total_tokens"] == 7
+    assert result["usage"]["completion_tokens_details"] == {"reasoning_tokens": 1}
     with pytest.raises(GenerationFailed, match=r"^x$"):
         chat.completion("m", [ErrorChunk(task_id=T, message="x")])
     with pytest.raises(GenerationFailed, match="without finishing"):
@@ -308,6 +309,7 @@ def test_responses_events() -> None:
     assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
     assert final["output"][1]["content"][0]["text"] == "a"
     assert final["usage"]["input_tokens"] == 5 and final["status"] == "completed"
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
 
 
 def test_responses_failure() -> None:

@@ -103,6 +103,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # Of the completion tokens, those the model spent thinking (inside its think block).
+    reasoning_tokens: int = 0
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     time_to_first_token_s: float = 0.0

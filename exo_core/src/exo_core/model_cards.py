@@ -13,6 +13,7 @@ from pathlib import Path
 
 import msgspec
 
+from exo_core.exo_card_format import from_exo_card, is_exo_card
 from exo_core.ids import ModelId
 
 
@@ -62,10 +63,14 @@ class ModelCardError(ValueError):
 
 
 def load_card_file(path: Path) -> ModelCard:
+    """A card from a TOML file in this project's format or in exo's own (see
+    `exo_card_format`)."""
     try:
         data = tomllib.loads(path.read_text())
+        if is_exo_card(data):
+            data = from_exo_card(data)
         return msgspec.convert(data, ModelCard)
-    except (tomllib.TOMLDecodeError, msgspec.ValidationError) as e:
+    except (tomllib.TOMLDecodeError, msgspec.ValidationError, ValueError) as e:
         raise ModelCardError(f"{path}: {e}") from e
 
 

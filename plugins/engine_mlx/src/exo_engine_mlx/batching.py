@@ -23,13 +23,16 @@ from exo_core.generation import (
     FinishReason,
     GenerationParams,
     TextChunk,
+    ThinkingChunk,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
 from exo_core.ids import TaskId
+from exo_core.parsers import OutputParser
+from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefix_cache import PrefixCache
-from exo_engine_mlx.prompt import PromptError, prompt_tokens
+from exo_engine_mlx.prompt import PromptError, encode, render
 from exo_engine_mlx.sampling import make_processors, make_sampler
 from exo_engine_mlx.textstream import TextStream
 
@@ -43,9 +46,26 @@ class _Sequence:
     cached: int
     text: TextStream
     submitted: float
+    # The family's thinking and tool-call format (None: plain text).
+    parser: OutputParser | None = None
     first_token_at: float | None = None
     generated: int = 0
+    reasoning: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def _parsed(seq: _Sequence, text: str) -> list[Chunk]:
+    """New text of a sequence as chunks: through the family's parser when it has one."""
+    chunk = TextChunk(task_id=seq.task_id, text=text, logprobs=tuple(seq.pending_logprobs))
+    return seq.parser.feed(chunk) if seq.parser is not None else [chunk]
+
+
+def _thinking(seq: _Sequence, chunks: list[Chunk]) -> bool:
+    """Whether the token just added was thinking: it gave thinking text, or it is held inside
+    an open think block (a token with no text of its own yet counts with the block)."""
+    if any(isinstance(c, ThinkingChunk) for c in chunks):
+        return True
+    return seq.parser is not None and seq.parser.thinking
 
 
 def _rate(count: int, seconds: float) -> float:
@@ -95,7 +115,8 @@ class BatchEngine:
     def submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
         """Queue a request. Returns chunks at once only when it is refused."""
         try:
-            tokens = prompt_tokens(self.tokenizer, params)
+            rendered = render(self.tokenizer, params)
+            tokens = encode(self.tokenizer, params, rendered)
         except PromptError as e:
             return [ErrorChunk(task_id=task_id, message=str(e))]
         cache, cached = (None, 0)
@@ -118,6 +139,7 @@ class BatchEngine:
             cached=cached,
             text=TextStream(self.tokenizer.detokenizer, params.stop),
             submitted=time.perf_counter(),
+            parser=family_parser(self.tokenizer, params, rendered),
         )
         self._by_uid[uid] = seq
         self._by_task[task_id] = seq
@@ -156,10 +178,10 @@ class BatchEngine:
             seq.pending_logprobs.append(self._logprob(token, r.logprobs, seq.params.top_logprobs))
         out: list[Chunk] = []
         if text:
-            out.append(
-                TextChunk(task_id=seq.task_id, text=text, logprobs=tuple(seq.pending_logprobs))
-            )
+            out.extend(_parsed(seq, text))
             seq.pending_logprobs.clear()
+        if not is_eos and _thinking(seq, out):
+            seq.reasoning += 1
         if seq.text.stopped:
             self._generator.remove([seq.uid])
             return [*out, *self._finish(seq, FinishReason.STOP, store=None)]
@@ -194,15 +216,16 @@ class BatchEngine:
         out: list[Chunk] = []
         tail = seq.text.finish()
         if tail:
-            out.append(
-                TextChunk(task_id=seq.task_id, text=tail, logprobs=tuple(seq.pending_logprobs))
-            )
+            out.extend(_parsed(seq, tail))
+        if seq.parser is not None:
+            out.extend(seq.parser.finish(seq.task_id))
         now = time.perf_counter()
         first = seq.first_token_at or now
         usage = Usage(
             prompt_tokens=len(seq.prompt),
             completion_tokens=seq.generated,
             cached_tokens=seq.cached,
+            reasoning_tokens=seq.reasoning,
             prompt_tps=_rate(len(seq.prompt) - seq.cached, first - seq.submitted),
             generation_tps=_rate(max(0, seq.generated - 1), now - first),
             time_to_first_token_s=first - seq.submitted,

@@ -27,6 +27,8 @@ class ShardPlan:
     group: Any  # mx.distributed.Group
     start_layer: int = 0
     end_layer: int = 0
+    # Every rank's layer count, in rank order (a pipeline split by mlx-lm needs them all).
+    layer_counts: tuple[int, ...] = ()
 
 
 def _upcast(model: nn.Module) -> None:
@@ -70,10 +72,12 @@ def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any
     model, tokenizer = load(model_dir, lazy=True)[:2]
     dense = _dense(model_dir)
     if shard is not None and shard.sharding == "pipeline":
-        from exo_engine_mlx.distributed.pipeline import PipelineStage
+        from exo_engine_mlx.distributed.pipeline import split_pipeline
 
-        # Built before any conversion: the layers left out are dropped while still lazy.
-        model = PipelineStage(model, shard.start_layer, shard.end_layer, shard.group)
+        # Split before any conversion: the layers left out are dropped while still lazy.
+        model = split_pipeline(
+            model, shard.start_layer, shard.end_layer, shard.layer_counts, shard.group
+        )
     elif shard is not None:
         from exo_engine_mlx.distributed.tensor import dequantize_sharded, shard_tensor
 

@@ -1,18 +1,21 @@
-"""A KV prefix cache: reuse the attention cache of an earlier request that shares a prefix.
+"""A prefix cache: reuse the model cache of an earlier request that shares a prefix.
 
 A multi-turn chat resends the whole conversation each turn; with the cache, only the new turn
-is prefilled. Entries are evicted least recently used first under a byte budget.
+is prefilled. Every cache type the families use is kept: plain KV caches are cut back to the
+common prefix; rotating (sliding-window) and SSM state caches cannot be cut, so they are reused
+when the stored sequence is a whole prefix of the new prompt (the next turn of a chat). Entries
+are evicted least recently used first under a byte budget.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -24,24 +27,33 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _reusable(cache: list[Any]) -> bool:
-    # Only plain KV caches can be cut at any position; rotating or quantized ones cannot.
-    return bool(cache) and all(type(c) is KVCache for c in cache)
+def _trimmable(cache: list[Any]) -> bool:
+    """Plain KV caches can be cut back to any position; rotating (sliding-window) caches past
+    their window and SSM state caches (`ArraysCache`) cannot: those are reused only whole."""
+    return can_trim_prompt_cache(cache)
+
+
+def _processed(tokens: Sequence[int], cache: list[Any]) -> int:
+    """How many of `tokens` the cache holds: attention caches count them; a model made only
+    of state caches has processed all of them (as the batch generator hands them back)."""
+    for c in cache:
+        offset = getattr(c, "offset", None)
+        if isinstance(offset, int):
+            return offset
+    return len(tokens)
 
 
 def _nbytes(cache: list[Any]) -> int:
     return sum(int(c.nbytes) for c in cache)
 
 
-def _prefix_copy(cache: list[Any], n: int) -> list[Any]:
-    """New caches holding the first `n` positions (slices: the stored entry stays intact)."""
-    out = []
-    for c in cache:
-        keys, values = c.keys_and_values()
-        fresh = KVCache()
-        fresh.state = (mx.contiguous(keys[..., :n, :]), mx.contiguous(values[..., :n, :]), n)
-        out.append(fresh)
-    return out
+def _copy(cache: list[Any], n: int, stored: int) -> list[Any]:
+    """A private copy of a stored cache holding its first `n` positions (the stored entry
+    stays intact: generation mutates the caches it is given)."""
+    fresh = copy.deepcopy(cache)
+    if n < stored:
+        trim_prompt_cache(fresh, stored - n)
+    return fresh
 
 
 @dataclass
@@ -49,6 +61,7 @@ class _Entry:
     tokens: tuple[int, ...]
     cache: list[Any]
     nbytes: int
+    trimmable: bool = True
 
 
 class PrefixCache:
@@ -75,6 +88,8 @@ class PrefixCache:
         best_key, best_n = None, 0
         for key, entry in self._entries.items():
             n = min(common_prefix(entry.tokens, tokens), len(tokens) - 1)
+            if n < len(entry.tokens) and not entry.trimmable:
+                continue  # a state cache is reused only when the whole entry matches
             if n > best_n:
                 best_key, best_n = key, n
         if best_key is None or best_n < self.min_tokens:
@@ -82,20 +97,22 @@ class PrefixCache:
             return None, 0
         self._entries.move_to_end(best_key)
         self.hits += 1
-        return _prefix_copy(self._entries[best_key].cache, best_n), best_n
+        entry = self._entries[best_key]
+        return _copy(entry.cache, best_n, len(entry.tokens)), best_n
 
     def store(self, tokens: Sequence[int], cache: list[Any]) -> None:
-        if not _reusable(cache) or len(tokens) < self.min_tokens:
+        if not cache or len(tokens) < self.min_tokens:
             return
-        offset = cache[0].offset
-        tokens = tuple(tokens[:offset])
+        tokens = tuple(tokens[: _processed(tokens, cache)])
         nbytes = _nbytes(cache)
         if nbytes > self.budget_bytes:
             return
-        # An entry that this one extends is now redundant.
-        for key in [k for k, e in self._entries.items() if tokens[: len(e.tokens)] == e.tokens]:
-            del self._entries[key]
-        self._entries[self._next_key] = _Entry(tokens, cache, nbytes)
+        trimmable = _trimmable(cache)
+        # An entry that this one extends is now redundant, when this one can be cut back to it.
+        if trimmable:
+            for key in [k for k, e in self._entries.items() if tokens[: len(e.tokens)] == e.tokens]:
+                del self._entries[key]
+        self._entries[self._next_key] = _Entry(tokens, cache, nbytes, trimmable)
         self._next_key += 1
         while self.nbytes > self.budget_bytes:
             self._entries.popitem(last=False)

@@ -39,6 +39,20 @@ def template_message(message: ChatMessage) -> dict[str, Any]:
     return out
 
 
+def template_tools(params: GenerationParams) -> list[dict[str, Any]]:
+    """The request's tools in the OpenAI shape chat templates and tool parsers expect (none
+    when the request turned tools off)."""
+    if params.tool_choice == "none":
+        return []
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in params.tools
+    ]
+
+
 def render(tokenizer: Any, params: GenerationParams) -> str:
     if params.prompt is not None and not params.messages:
         return params.prompt
@@ -48,18 +62,9 @@ def render(tokenizer: Any, params: GenerationParams) -> str:
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join([*lines, "assistant:"])
     kwargs: dict[str, Any] = {}
-    if params.tools and params.tool_choice != "none":
-        kwargs["tools"] = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description,
-                    "parameters": t.parameters,
-                },
-            }
-            for t in params.tools
-        ]
+    tools = template_tools(params)
+    if tools:
+        kwargs["tools"] = tools
     if params.enable_thinking is not None:
         kwargs["enable_thinking"] = params.enable_thinking
     try:
@@ -71,7 +76,11 @@ def render(tokenizer: Any, params: GenerationParams) -> str:
 
 
 def prompt_tokens(tokenizer: Any, params: GenerationParams) -> list[int]:
-    text = render(tokenizer, params)
+    return encode(tokenizer, params, render(tokenizer, params))
+
+
+def encode(tokenizer: Any, params: GenerationParams, text: str) -> list[int]:
+    """The tokens of a rendered prompt."""
     raw = params.prompt is not None and not params.messages
     # A rendered template already carries its special tokens (BOS included).
     tokens = list(tokenizer.encode(text, add_special_tokens=raw))

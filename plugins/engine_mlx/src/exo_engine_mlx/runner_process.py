@@ -118,6 +118,9 @@ def _load(launch: Launch, out: Outbox, guard: Callable[[str, float], Any]) -> tu
         group=group,
         start_layer=spec.shard.start_layer,
         end_layer=spec.shard.end_layer,
+        layer_counts=tuple(
+            s.end_layer - s.start_layer for s in sorted(spec.instance.shards, key=lambda s: s.rank)
+        ),
     )
     loaded = load_model(spec.model_path, plan)
     with guard("waiting for the other ranks to load the model", options.group_load_timeout_s):

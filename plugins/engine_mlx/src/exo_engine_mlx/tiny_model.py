@@ -1,4 +1,5 @@
-"""A tiny random-weight llama with a real byte-level BPE tokenizer, built in about a second.
+"""Tiny random-weight models (llama, and the other families mlx-lm runs) with a real byte-level
+BPE tokenizer, built in about a second.
 
 Tests use it so the suite stays fast while everything (mlx-lm loading, chat template, batching,
 sharding) runs for real. The output head is untied: a random tied model only repeats its input.
@@ -7,7 +8,9 @@ sharding) runs for real. The output head is untied: a random tied model only rep
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -26,7 +29,17 @@ CORPUS = [
 ] * 10
 
 
-def _tokenizer(out: Path, vocab_size: int) -> int:
+def make_tiny_tokenizer(
+    out: Path,
+    *,
+    vocab_size: int = 400,
+    special_tokens: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+    corpus: Sequence[str] = (),
+) -> int:
+    """Write a byte-level BPE `tokenizer.json` and `tokenizer_config.json` into `out`, with
+    `special_tokens` added after the base ones (a family's think and tool-call markers) and
+    its chat template. Returns the vocabulary size."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -39,11 +52,11 @@ def _tokenizer(out: Path, vocab_size: int) -> int:
     tok.decoder = decoders.ByteLevel()  # type: ignore[assignment]
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL,
+        special_tokens=[*SPECIAL, *special_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator([*CORPUS, *corpus], trainer)
     tok.save(str(out / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -51,7 +64,7 @@ def _tokenizer(out: Path, vocab_size: int) -> int:
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "unk_token": None,
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": chat_template,
         "model_max_length": 2048,
         "clean_up_tokenization_spaces": False,
     }
@@ -59,9 +72,66 @@ def _tokenizer(out: Path, vocab_size: int) -> int:
     return tok.get_vocab_size()
 
 
+# What each family adds to the common tiny config: a few small experts, small low-rank
+# attention, short linear-attention heads, so every family builds and runs in about a second.
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+_DEEPSEEK = {
+    "n_routed_experts": 4,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
+}
+TINY_FAMILIES: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {"head_dim": 16},
+    "qwen3_moe": {
+        **_MOE,
+        "head_dim": 16,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    },
+    "deepseek_v3": _DEEPSEEK,
+    "glm4_moe": {
+        **_DEEPSEEK,
+        "head_dim": 16,
+        "use_qk_norm": True,
+        "attention_bias": False,
+        "partial_rotary_factor": 0.5,
+        "rope_scaling": None,
+    },
+    "qwen3_next": {
+        **_MOE,
+        "head_dim": 16,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "shared_expert_intermediate_size": 32,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 2,
+        "partial_rotary_factor": 0.5,
+    },
+}
+
+
 def make_tiny_model(
     out: Path,
     *,
+    model_type: str = "llama",
     layers: int = 2,
     hidden: int = 64,
     heads: int = 4,
@@ -69,14 +139,30 @@ def make_tiny_model(
     intermediate: int = 128,
     vocab_size: int = 400,
     seed: int = 0,
+    special_tokens: Sequence[str] = (),
+    chat_template: str = CHAT_TEMPLATE,
+    corpus: Sequence[str] = (),
 ) -> Path:
-    """Write an MLX llama model directory that `mlx_lm.load` reads. Returns `out`."""
-    from mlx_lm.models import llama
+    """Write an MLX model directory of `model_type` (see `TINY_FAMILIES`) that `mlx_lm.load`
+    reads, built from mlx-lm's own model class with random weights. Returns `out`.
 
+    `special_tokens`, `chat_template` and `corpus` shape its tokenizer (see
+    `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers."""
+    import importlib
+
+    if model_type not in TINY_FAMILIES:
+        raise ValueError(f"no tiny config for {model_type!r} (have: {', '.join(TINY_FAMILIES)})")
+    family = importlib.import_module(f"mlx_lm.models.{model_type}")
     out.mkdir(parents=True, exist_ok=True)
-    vocab = _tokenizer(out, vocab_size)
-    config = {
-        "model_type": "llama",
+    vocab = make_tiny_tokenizer(
+        out,
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        chat_template=chat_template,
+        corpus=corpus,
+    )
+    config: dict[str, Any] = {
+        "model_type": model_type,
         "hidden_size": hidden,
         "num_hidden_layers": layers,
         "intermediate_size": intermediate,
@@ -89,9 +175,10 @@ def make_tiny_model(
         "max_position_embeddings": 2048,
         "torch_dtype": "float32",
         "eos_token_id": SPECIAL.index("<|im_end|>"),
+        **TINY_FAMILIES[model_type],
     }
     mx.random.seed(seed)
-    model = llama.Model(llama.ModelArgs.from_dict(config))
+    model = family.Model(family.ModelArgs.from_dict(config))
     # Larger weights than the default init, so the logits have a clear winner.
     weights: dict[str, mx.array] = {}
     for name, value in tree_flatten(model.parameters()):

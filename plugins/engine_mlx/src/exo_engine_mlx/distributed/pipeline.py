@@ -1,6 +1,14 @@
 """Pipeline parallel: each rank holds a contiguous run of layers and passes hidden states on.
 
-Rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
+Two ways, chosen by the model's class (`split_pipeline`):
+
+* mlx-lm's own `pipeline()` (its `PipelineMixin`: DeepSeek V2/V3/V3.2, GLM 4 MoE, Qwen2,
+  Qwen3 MoE, Qwen3-Next, Qwen3.5, Ministral 3, ...): the family's own forward pass, with its
+  masks and caches (MoE, hybrid attention/SSM) as mlx-lm wrote them. mlx-lm gives rank 0 the
+  *last* layers and every rank the final hidden state, so every rank computes the same logits.
+* `PipelineStage` below, for llama-shaped models without the mixin.
+
+In a `PipelineStage`, rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
 from the rank before it; the last rank applies the final norm and the head. The last rank's
 logits (of the last position only) are then summed over the group with zeros from the other
 ranks, so every rank's batch generator samples from the same logits and stays in step.
@@ -28,6 +36,55 @@ class PipelineUnsupported(ValueError):
     """The model's family has no pipeline split here."""
 
 
+# Where mlx-lm keeps the layer stack that carries its PipelineMixin, by model class.
+_MIXIN_PATHS = (("model",), ("language_model", "model"), ("model", "language_model"))
+
+
+def _mixin_part(model: nn.Module) -> Any:
+    """The part of an mlx-lm model that splits itself (`pipeline()`), or None."""
+    from mlx_lm.models.pipeline import PipelineMixin
+
+    for path in _MIXIN_PATHS:
+        part: Any = model
+        for name in path:
+            part = getattr(part, name, None)
+        if isinstance(part, PipelineMixin):
+            return part
+    return None
+
+
+def pipeline_method(model: nn.Module) -> str | None:
+    """How this model splits into a pipeline: "mlx-lm" (its own `pipeline()`), "stage"
+    (the engine's layer slicing) or None."""
+    if _mixin_part(model) is not None:
+        return "mlx-lm"
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    model_type = str(getattr(model, "model_type", ""))
+    if MODEL_REMAPPING.get(model_type, model_type) in PIPELINE_MODEL_TYPES:
+        return "stage"
+    return None
+
+
+def split_pipeline(
+    model: nn.Module,
+    start: int,
+    end: int,
+    counts: tuple[int, ...],
+    group: mx.distributed.Group,
+) -> nn.Module:
+    """This rank's part of `model` for a pipeline over `group`: [start, end) of its layers,
+    or, where mlx-lm splits the model itself, as many layers as the placement gave this rank
+    (mlx-lm orders the blocks from the last rank to the first)."""
+    inner = _mixin_part(model)
+    if inner is not None:
+        if len(counts) != group.size() or sum(counts) != len(inner.layers):
+            raise ValueError(f"layer counts {list(counts)} do not cover the model for the group")
+        inner.pipeline(group, list(counts))
+        return model
+    return PipelineStage(model, start, end, group)
+
+
 def _float_dtype(module: nn.Module) -> mx.Dtype:
     """The dtype of the module's first floating-point parameter (not packed quantized ints).
 
@@ -51,10 +108,10 @@ class PipelineStage(nn.Module):
     ) -> None:
         super().__init__()
         model_type = str(getattr(model, "model_type", ""))
-        if model_type not in PIPELINE_MODEL_TYPES:
+        if pipeline_method(model) is None:
             raise PipelineUnsupported(
                 f"pipeline parallel does not support model type '{model_type}' "
-                f"(supported: {', '.join(sorted(PIPELINE_MODEL_TYPES))})"
+                "(see the engine's README for the architectures it splits)"
             )
         full: Any = model  # a model class of mlx-lm: typed by duck, checked above
         inner = full.model

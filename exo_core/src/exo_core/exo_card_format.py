@@ -1,0 +1,44 @@
+"""Reading model cards written in exo's own card format, so its card files drop in unchanged.
+
+exo's cards (`resources/inference_model_cards/*.toml` there) keep the size in a
+`[storage_size] in_bytes` table, name tasks in CamelCase (`TextGeneration`, `TextToImage`,
+`ImageToImage`), and carry fields this project keeps elsewhere or not at all (backends,
+sampling defaults, a reasoning dialect, image components). `from_exo_card` maps the fields
+with a meaning here and leaves the rest out, so a card reads the same model either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_TASKS = {
+    "TextGeneration": "text_generation",
+    "TextToImage": "image_generation",
+    "ImageToImage": "image_generation",
+}
+_CAPABILITIES = {"text", "thinking", "thinking_toggle", "tools", "vision", "image_edit"}
+_KEPT = ("model_id", "family", "n_layers", "hidden_size", "num_key_value_heads", "base_model")
+
+
+def is_exo_card(data: dict[str, Any]) -> bool:
+    """exo's format has its size in a table; ours has `storage_size_bytes`."""
+    return isinstance(data.get("storage_size"), dict) and "storage_size_bytes" not in data
+
+
+def from_exo_card(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of an exo card, as this project's card fields (validated by the caller)."""
+    card: dict[str, Any] = {key: data[key] for key in _KEPT if key in data}
+    card["storage_size_bytes"] = data["storage_size"].get("in_bytes")
+    card["quantization"] = data.get("quantization") or "none"
+    card["supports_tensor"] = bool(data.get("supports_tensor", False))
+    card["source"] = f"hf:{data.get('model_id', '')}"
+    tasks = [str(t) for t in data.get("tasks", ["TextGeneration"])]
+    unknown = [t for t in tasks if t not in _TASKS]
+    if unknown:
+        raise ValueError(f"tasks: unknown task {unknown[0]!r} (known: {', '.join(_TASKS)})")
+    card["tasks"] = list(dict.fromkeys(_TASKS[t] for t in tasks))
+    capabilities = [c for c in data.get("capabilities", ["text"]) if c in _CAPABILITIES]
+    if "ImageToImage" in tasks and "image_edit" not in capabilities:
+        capabilities.append("image_edit")
+    card["capabilities"] = capabilities
+    return card

@@ -1,0 +1,101 @@
+"""What the engine can do with each model architecture mlx-lm runs, read from mlx-lm's code.
+
+For a `model_type` (the `model_type` of a model's config.json, which names its module in
+`mlx_lm.models`), `family_support` says how the engine splits it: a pipeline through mlx-lm's
+own `pipeline()` ("mlx-lm"), through the engine's layer slicing ("layers"), or not at all; and
+whether mlx-lm can shard it tensor-parallel (`shard()`). Nothing is listed by hand, so a new
+mlx-lm release brings its new families with it. `python -m exo_engine_mlx.families` prints the
+table the plugin's README shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import io
+import pkgutil
+from dataclasses import dataclass
+from functools import cache
+
+from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES
+
+
+@dataclass(frozen=True)
+class FamilySupport:
+    model_type: str
+    runs: bool
+    pipeline: str | None  # "mlx-lm", "layers" or None
+    tensor: bool
+    why_not: str = ""  # why the architecture does not run at all
+
+    def refusal(self, sharding: str) -> str | None:
+        """Why a placement with `sharding` over several nodes cannot run, or None."""
+        if not self.runs:
+            return f"{self.model_type}: {self.why_not}"
+        if sharding == "pipeline" and self.pipeline is None:
+            return f"{self.model_type}: pipeline parallel is not supported for this architecture"
+        if sharding == "tensor" and not self.tensor:
+            return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
+        return None
+
+
+def module_name(model_type: str) -> str:
+    """The mlx-lm module that runs `model_type` (some types are aliases: kimi_k2, mistral)."""
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    return MODEL_REMAPPING.get(model_type, model_type)
+
+
+@cache
+def family_support(model_type: str) -> FamilySupport:
+    try:
+        # Some modules print install hints on import: keep them out of our output.
+        with contextlib.redirect_stdout(io.StringIO()):
+            module = importlib.import_module(f"mlx_lm.models.{module_name(model_type)}")
+    except (Exception, SystemExit) as e:  # a module that needs a package not installed here
+        return FamilySupport(model_type, False, None, False, f"mlx-lm cannot load it ({e!r})")
+    model = getattr(module, "Model", None)
+    if model is None:
+        return FamilySupport(model_type, False, None, False, "mlx-lm has no model class for it")
+    from mlx_lm.models.pipeline import PipelineMixin
+
+    # The module's model stack carries mlx-lm's PipelineMixin (defined there or imported);
+    # the runner finds that part at load time (`distributed.pipeline._mixin_part`).
+    mixin = any(
+        inspect.isclass(obj) and issubclass(obj, PipelineMixin) and obj is not PipelineMixin
+        for obj in vars(module).values()
+    )
+    sliced = module_name(model_type) in PIPELINE_MODEL_TYPES
+    pipeline = "mlx-lm" if mixin else "layers" if sliced else None
+    return FamilySupport(model_type, True, pipeline, callable(getattr(model, "shard", None)))
+
+
+def all_model_types() -> list[str]:
+    """Every model_type mlx-lm knows: its model modules and their aliases."""
+    import mlx_lm.models
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    skip = {"base", "cache", "pipeline", "rope_utils", "switch_layers", "activations"}
+    modules = {
+        m.name
+        for m in pkgutil.iter_modules(mlx_lm.models.__path__)
+        if m.name not in skip and not m.name.startswith("_")
+    }
+    return sorted(modules | set(MODEL_REMAPPING), key=str.lower)
+
+
+def markdown_table() -> str:
+    names = {"mlx-lm": "yes (mlx-lm's pipeline)", "layers": "yes (layer slicing)", None: "no"}
+    rows = ["| architecture | pipeline | tensor |", "|---|---|---|"]
+    for model_type in all_model_types():
+        s = family_support(model_type)
+        if s.runs:
+            alias = module_name(model_type)
+            shown = f"`{model_type}`" + (f" (as `{alias}`)" if alias != model_type else "")
+            rows.append(f"| {shown} | {names[s.pipeline]} | {'yes' if s.tensor else 'no'} |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")

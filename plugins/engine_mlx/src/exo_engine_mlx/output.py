@@ -1,0 +1,83 @@
+"""The model family's own output format, read from its tokenizer.
+
+mlx-lm's tokenizer wrapper knows each family's think markers (`<think>`, `<longcat_think>`,
+Gemma's `<|channel>thought`, ...) and its tool-call format (`tool_parsers/`: JSON, Qwen3-Coder
+XML, GLM, Kimi K2, MiniMax, Mistral, pythonic, ...); DeepSeek's formats, which it lacks, are
+in `tool_formats.py`. The runner parses with them on its own side, so the dialects receive
+thinking and tool-call chunks for every family whose tokenizer names its format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from exo_core.generation import GenerationParams, ToolCall
+from exo_core.parsers import (
+    ChainedParser,
+    OutputParser,
+    ThinkParser,
+    ToolBlockParser,
+    ToolCallParseError,
+    tool_call,
+)
+from exo_engine_mlx.prompt import template_tools
+from exo_engine_mlx.tool_formats import ToolFormat, find_format
+
+
+def opens_thinking(prompt: str, think_start: str, think_end: str) -> bool:
+    """Whether the rendered prompt ends inside a think block (templates of reasoning models
+    often open it for the model), so the model's first words are thinking."""
+    at = prompt.rfind(think_start)
+    if at < 0:
+        return False
+    rest = prompt[at + len(think_start) :]
+    return think_end not in rest and not rest.strip()
+
+
+def tool_reader(
+    parse: Callable[[str, Any], Any], tools: list[dict[str, Any]]
+) -> Callable[[str], list[ToolCall]]:
+    """Adapts an mlx-lm tool parser to the core's block reader."""
+
+    def read(text: str) -> list[ToolCall]:
+        try:
+            parsed = parse(text, tools or None)
+        except Exception as e:  # the family's parser refusing the text: shown as text
+            raise ToolCallParseError(str(e)) from e
+        items: Sequence[Any] = parsed if isinstance(parsed, list) else [parsed]
+        calls: list[ToolCall] = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise ToolCallParseError("a tool call is an object")
+            calls.append(tool_call(item.get("name"), item.get("arguments", {}), item.get("id")))
+        return calls
+
+    return read
+
+
+def tool_format(tokenizer: Any) -> ToolFormat | None:
+    """The family's tool-call format: mlx-lm's parser when it found one, else ours."""
+    parse = getattr(tokenizer, "tool_parser", None)
+    start = getattr(tokenizer, "tool_call_start", None)
+    if parse is not None and isinstance(start, str) and start:
+        name = str(getattr(parse, "__module__", "")).rsplit(".", 1)[-1]
+        return ToolFormat(name, start, getattr(tokenizer, "tool_call_end", None) or "", parse)
+    return find_format(tokenizer)
+
+
+def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> OutputParser | None:
+    """The parser for one sequence: the family's thinking, then its tool calls (only when the
+    request offered tools, so a model's literal tags are otherwise left as text)."""
+    parsers: list[OutputParser] = []
+    start = getattr(tokenizer, "think_start", None)
+    end = getattr(tokenizer, "think_end", None)
+    if isinstance(start, str) and isinstance(end, str) and start and end:
+        parsers.append(ThinkParser(start, end, inside=opens_thinking(prompt, start, end)))
+    tools = template_tools(params)
+    found = tool_format(tokenizer)
+    if tools and found is not None:
+        parsers.append(ToolBlockParser(found.start, found.end, tool_reader(found.parse, tools)))
+    if not parsers:
+        return None
+    return parsers[0] if len(parsers) == 1 else ChainedParser(parsers)

@@ -1,0 +1,87 @@
+# ruff: noqa: RUF001, RUF003  (DeepSeek's markers are fullwidth characters by design)
+"""Tool-call formats of families that mlx-lm's tool parsers do not cover.
+
+mlx-lm reads most families' tool calls (see `output.py`); DeepSeek's two formats are read
+here, in the same shape as mlx-lm's parsers (`parse(text, tools)` -> dicts), and found the
+same way: by the markers the tokenizer's chat template or vocabulary carries.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Parse = Callable[[str, Any], Any]
+"""`parse_tool_call(text, tools)` as mlx-lm's parsers have it: a dict (name, arguments, maybe an
+id) or a list of them; raises when the text is not a call."""
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    name: str
+    start: str
+    end: str
+    parse: Parse
+
+
+# DeepSeek V3.2 "DSML": <｜DSML｜invoke name="f"><｜DSML｜parameter name="k" string="true">v
+# </｜DSML｜parameter></｜DSML｜invoke>; string="false" values are JSON.
+DSML = "｜DSML｜"
+_DSML_INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]+)"\s*>(.*?)</{DSML}invoke>', re.DOTALL)
+_DSML_PARAM = re.compile(
+    rf'<{DSML}parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>(.*?)</{DSML}parameter>',
+    re.DOTALL,
+)
+
+
+def parse_dsml(text: str, tools: Any = None) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    for name, body in _DSML_INVOKE.findall(text):
+        arguments: dict[str, Any] = {}
+        for key, is_string, value in _DSML_PARAM.findall(body):
+            arguments[key] = value if is_string == "true" else json.loads(value)
+        calls.append({"name": name, "arguments": arguments})
+    if not calls:
+        raise ValueError("no DSML invoke in the block")
+    return calls
+
+
+# DeepSeek V3 / V3.1 / R1: <｜tool▁call▁begin｜>name<｜tool▁sep｜>{json}<｜tool▁call▁end｜>
+# (V3.0 prefixes the name with "function" and fences the JSON; both are accepted).
+_V31_CALL = re.compile(
+    r"<｜tool▁call▁begin｜>\s*(?:function\s*<｜tool▁sep｜>)?\s*([^<\s]+?)\s*"
+    r"(?:<｜tool▁sep｜>)?\s*(?:```json\s*)?(\{.*?\})\s*(?:```\s*)?<｜tool▁call▁end｜>",
+    re.DOTALL,
+)
+
+
+def parse_deepseek_v3(text: str, tools: Any = None) -> list[dict[str, Any]]:
+    calls = [
+        {"name": name, "arguments": json.loads(args)} for name, args in _V31_CALL.findall(text)
+    ]
+    if not calls:
+        raise ValueError("no DeepSeek tool call in the block")
+    return calls
+
+
+FORMATS = (
+    ToolFormat("deepseek_v32", f"<{DSML}function_calls>", f"</{DSML}function_calls>", parse_dsml),
+    ToolFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", parse_deepseek_v3),
+)
+
+
+def find_format(tokenizer: Any) -> ToolFormat | None:
+    """The format whose start marker the tokenizer's chat template or vocabulary holds."""
+    template = getattr(tokenizer, "chat_template", None)
+    template = template if isinstance(template, str) else ""
+    try:
+        vocab: Any = tokenizer.get_vocab()
+    except Exception:  # a tokenizer without a vocabulary view
+        vocab = {}
+    for candidate in FORMATS:
+        if candidate.start in template or candidate.start in vocab:
+            return candidate
+    return None

@@ -1,0 +1,306 @@
+# ruff: noqa: RUF001  (DeepSeek's markers are fullwidth characters by design)
+"""A tool round trip (call, result, final answer) per family, through the official clients.
+
+The node runs the real engine pieces in process: a tiny model loaded by mlx-lm with the
+family's tokenizer (its markers as special tokens, its template naming the format), the batch
+engine, and the family's parser on the engine's side. Random weights cannot write a tool call,
+so the model's logits are scripted (`ScriptedOutput`): everything after the logits is real.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import anyio
+import mlx_lm
+import ollama
+import openai
+import pytest
+
+from exo_core.engine import Engine, Runner, RunnerSpec, StatusReporter
+from exo_core.generation import Chunk, ErrorChunk, FinishChunk, GenerationParams
+from exo_core.hookspecs import hookimpl
+from exo_core.ids import ModelId, TaskId
+from exo_core.model_cards import Capability, ModelCard
+from exo_core.state import RunnerStatus, Task
+from exo_core.testing.harness import running_node
+from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.prompt import encode, render
+from exo_engine_mlx.testing import ScriptedOutput
+from exo_engine_mlx.tiny_model import make_tiny_model
+
+from .support import DIALECTS
+
+ANSWER = "It is sunny in Paris."
+BASE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    specials: tuple[str, ...]
+    marker: str
+    call: Callable[[str, dict[str, Any]], str]
+
+
+DSML = "｜DSML｜"
+FAMILIES = [
+    Family(
+        "hermes",
+        ("<think>", "</think>", "<tool_call>", "</tool_call>"),
+        "<tool_call> {{ tool_call.name }}",
+        lambda name, args: (
+            f"<think>The user wants weather.</think><tool_call>\n"
+            f"{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
+        ),
+    ),
+    Family(
+        "deepseek-v3.1",
+        (
+            "<think>",
+            "</think>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁call▁end｜>",
+            "<｜tool▁sep｜>",
+        ),
+        "<｜tool▁calls▁begin｜>",
+        lambda name, args: (
+            f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"
+            f"{json.dumps(args)}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        ),
+    ),
+    Family(
+        "deepseek-v3.2",
+        ("<think>", "</think>"),
+        f"<{DSML}function_calls>",
+        lambda name, args: (
+            f'<{DSML}function_calls>\n<{DSML}invoke name="{name}">\n'
+            + "".join(
+                f'<{DSML}parameter name="{k}" string="true">{v}</{DSML}parameter>\n'
+                for k, v in args.items()
+            )
+            + f"</{DSML}invoke>\n</{DSML}function_calls>"
+        ),
+    ),
+]
+
+
+def _answer(family: Family, params: GenerationParams) -> str:
+    """The scripted model: a call to the first tool, or the answer once a tool has replied."""
+    if params.messages[-1].role == "tool":
+        return ANSWER
+    return family.call(params.tools[0].name, {"city": "Paris"})
+
+
+class FamilyRunner(Runner):
+    """The engine's batch engine in process, one request at a time, on a scripted model."""
+
+    def __init__(self, family: Family, path: str) -> None:
+        self.family = family
+        self.path = path
+        self._stop = anyio.Event()
+
+    async def serve(self, report: StatusReporter) -> None:
+        report(RunnerStatus.LOADING, None)
+        model, self.tokenizer = mlx_lm.load(self.path)
+        self.model = ScriptedOutput(model, 0, [])
+        self.engine = BatchEngine(self.model, self.tokenizer)
+        report(RunnerStatus.READY, None)
+        await self._stop.wait()
+
+    async def generate(self, task: Task) -> AsyncIterator[Chunk]:
+        params, tokenizer = task.params, self.tokenizer
+        script = tokenizer.encode(_answer(self.family, params), add_special_tokens=False)
+        prompt = encode(tokenizer, params, render(tokenizer, params))
+        self.model.expect(len(prompt), [*script, *sorted(tokenizer.eos_token_ids)])
+        pending = self.engine.submit(task.task_id, params)
+        while True:
+            for chunk in pending:
+                yield chunk
+                if isinstance(chunk, FinishChunk | ErrorChunk):
+                    return
+            await anyio.sleep(0)  # tiny steps: let the API stream between them
+            pending = self.engine.step()
+
+    async def cancel(self, task_id: TaskId) -> None:
+        self.engine.cancel(task_id)
+
+    async def stop(self) -> None:
+        self._stop.set()
+
+
+class FamilyEngine(Engine):
+    name = "family-test"
+
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.paths = paths
+
+    def can_serve(self, card: ModelCard) -> bool:
+        return card.source.startswith("family:")
+
+    async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
+        return self.paths[card.source.removeprefix("family:")]
+
+    def create_runner(self, spec: RunnerSpec) -> Runner:
+        family = next(f for f in FAMILIES if spec.card.source == f"family:{f.name}")
+        return FamilyRunner(family, spec.model_path)
+
+
+class FamilyPlugin:
+    def __init__(self, paths: dict[str, Path]) -> None:
+        self.engine = FamilyEngine(paths)
+
+    @hookimpl
+    def exo_engines(self) -> list[Engine]:
+        return [self.engine]
+
+    @hookimpl
+    def exo_model_cards(self) -> list[ModelCard]:
+        return [
+            ModelCard(
+                model_id=ModelId(f"family-{f.name}"),
+                family=f.name,
+                n_layers=2,
+                hidden_size=64,
+                num_key_value_heads=2,
+                storage_size_bytes=1_000_000,
+                capabilities=(Capability.TEXT, Capability.THINKING, Capability.TOOLS),
+                source=f"family:{f.name}",
+            )
+            for f in FAMILIES
+        ]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    paths = {}
+    for family in FAMILIES:
+        paths[family.name] = make_tiny_model(
+            tmp_path_factory.mktemp(family.name) / "model",
+            special_tokens=family.specials,
+            chat_template=f"{{# {family.marker} #}}{BASE}",
+            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER],
+        )
+    plugin = FamilyPlugin(paths)
+    with running_node(tmp_path_factory.mktemp("node"), [plugin, *DIALECTS]) as node:
+        yield node.url
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+ASK = "What is the weather in Paris?"
+names = [f.name for f in FAMILIES]
+
+
+@pytest.mark.parametrize("family", names)
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_round_trip(url: str, family: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages: list[Any] = [{"role": "user", "content": ASK}]
+    tools: Any = [{"type": "function", "function": WEATHER}]
+    model = f"family-{family}"
+    if stream:
+        calls: dict[int, dict[str, str]] = {}
+        finish = None
+        for chunk in client.chat.completions.create(
+            model=model, messages=messages, tools=tools, stream=True
+        ):
+            choice = chunk.choices[0]
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                fn = delta.function
+                call["name"] += (fn.name or "") if fn else ""
+                call["arguments"] += (fn.arguments or "") if fn else ""
+        assert finish == "tool_calls" and len(calls) == 1
+        call_id, name, arguments = calls[0]["id"], calls[0]["name"], calls[0]["arguments"]
+    else:
+        reply = client.chat.completions.create(model=model, messages=messages, tools=tools)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        message = reply.choices[0].message
+        assert message.tool_calls and len(message.tool_calls) == 1
+        tool_call: Any = message.tool_calls[0]
+        call_id, name, arguments = (
+            tool_call.id,
+            tool_call.function.name,
+            tool_call.function.arguments,
+        )
+        assert "<" not in (message.content or "")  # no markers leak into the text
+    assert name == "get_weather" and json.loads(arguments) == {"city": "Paris"}
+    messages += [
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call_id, "content": "sunny, 21 C"},
+    ]
+    final = client.chat.completions.create(model=model, messages=messages, tools=tools)
+    assert final.choices[0].message.content == ANSWER
+    assert final.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("family", names)
+def test_claude_round_trip(url: str, family: str) -> None:
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    tool: Any = {
+        "name": WEATHER["name"],
+        "description": WEATHER["description"],
+        "input_schema": WEATHER["parameters"],
+    }
+    messages: list[Any] = [{"role": "user", "content": ASK}]
+    model = f"family-{family}"
+    reply = client.messages.create(model=model, max_tokens=200, messages=messages, tools=[tool])
+    assert reply.stop_reason == "tool_use"
+    uses = [b for b in reply.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].name == "get_weather"
+    assert uses[0].input == {"city": "Paris"}
+    messages += [
+        {"role": "assistant", "content": [b.model_dump() for b in reply.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny, 21 C"}
+            ],
+        },
+    ]
+    final = client.messages.create(model=model, max_tokens=200, messages=messages, tools=[tool])
+    texts = [b.text for b in final.content if b.type == "text"]
+    assert texts == [ANSWER] and final.stop_reason == "end_turn"
+
+
+@pytest.mark.parametrize("family", names)
+def test_ollama_round_trip(url: str, family: str) -> None:
+    client = ollama.Client(host=url)
+    tools: Any = [{"type": "function", "function": WEATHER}]
+    messages: list[Any] = [{"role": "user", "content": ASK}]
+    model = f"family-{family}"
+    reply = client.chat(model=model, messages=messages, tools=tools, stream=False)
+    calls = reply.message.tool_calls or []
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    assert dict(calls[0].function.arguments) == {"city": "Paris"}
+    messages += [
+        reply.message.model_dump(exclude_none=True),
+        {"role": "tool", "content": "sunny, 21 C", "tool_name": "get_weather"},
+    ]
+    final = client.chat(model=model, messages=messages, tools=tools, stream=False)
+    assert final.message.content == ANSWER
