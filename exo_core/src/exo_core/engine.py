@@ -15,7 +15,7 @@ import msgspec
 from exo_core.generation import Chunk
 from exo_core.ids import RunnerId, TaskId
 from exo_core.model_cards import ModelCard
-from exo_core.state import Instance, RunnerStatus, ShardAssignment, Task
+from exo_core.state import Instance, RunnerStatus, ShardAssignment, Sharding, Task
 
 StatusReporter = Callable[[RunnerStatus, str | None], None]
 """Called by a runner on each status change, with an error message for FAILED."""
@@ -68,6 +68,11 @@ class Engine(abc.ABC):
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         """Produce the model's files itself when the card's source is the engine's own (e.g.
         weights shipped in a package). Return None to let the downloader fetch them."""
+        return None
+
+    def sharding_refusal(self, card: ModelCard, sharding: Sharding, ranks: int) -> str | None:
+        """Why this engine cannot run `card` split `sharding`-wise over `ranks` nodes, or None
+        when it can. Placement offers only what every engine that serves the card can run."""
         return None
 
     @abc.abstractmethod

@@ -36,6 +36,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     model_id: ModelId
     family: str
+    # The architecture as a model's config.json names it (`model_type`, e.g. "qwen3_moe"):
+    # engines decide from it how the model can be split. Empty when not known.
+    model_type: str = ""
     n_layers: int
     hidden_size: int
     num_key_value_heads: int | None = None

@@ -41,6 +41,7 @@ from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
 from exo_core.master import Master
 from exo_core.model_cards import ModelCard, index_cards
 from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
+from exo_core.placement import runnable
 from exo_core.placement_types import PlacementOption, PlacementRequest
 from exo_core.plugin_host import PluginHost
 from exo_core.replica import Ingested, Replica
@@ -194,7 +195,18 @@ class Node:
     def _place(
         self, card: ModelCard, request: PlacementRequest, state: State
     ) -> list[PlacementOption]:
-        return self.plugins.hook.exo_place_instance(card=card, request=request, state=state) or []
+        options = self.plugins.hook.exo_place_instance(card=card, request=request, state=state)
+        return runnable(options or [], lambda option: self._engine_refusal(card, option))
+
+    def _engine_refusal(self, card: ModelCard, option: PlacementOption) -> str | None:
+        """Why this node's engines for `card` cannot run `option` (they are the cluster's:
+        every node runs the same plugins)."""
+        engines = [e for e in self.engines if e.can_serve(card)]
+        ranks = len(option.shares)
+        return next(
+            (r for e in engines if (r := e.sharding_refusal(card, option.sharding, ranks))),
+            None,
+        )
 
     async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
         """Have the master run `command`; waits through elections up to `timeout` seconds."""

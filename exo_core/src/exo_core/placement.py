@@ -213,6 +213,24 @@ def place(card: ModelCard, request: PlacementRequest, state: State) -> list[Plac
     return [option for _, option in ranked]
 
 
+def runnable(
+    options: list[PlacementOption], refusal: Callable[[PlacementOption], str | None]
+) -> list[PlacementOption]:
+    """The options the engines can run (`refusal` says why one cannot), in their order.
+    Raises `PlacementRefused` with the engines' reasons when none is left."""
+    kept: list[PlacementOption] = []
+    reasons: list[str] = []
+    for option in options:
+        reason = refusal(option)
+        if reason is None:
+            kept.append(option)
+        elif reason not in reasons:
+            reasons.append(reason)
+    if options and not kept:
+        raise PlacementRefused("; ".join(reasons))
+    return kept
+
+
 PlaceFn = Callable[[ModelCard, PlacementRequest, State], list[PlacementOption]]
 
 

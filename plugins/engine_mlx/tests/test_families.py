@@ -6,6 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from exo_core.ids import ModelId, NodeId
+from exo_core.model_cards import ModelCard
+from exo_core.placement import runnable
+from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused
+from exo_core.state import Sharding
+from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import family_support, markdown_table
 from exo_engine_mlx.tiny_model import TINY_FAMILIES
 
@@ -51,3 +57,46 @@ def test_refusals_say_why() -> None:
 def test_every_tiny_family_the_tests_split_is_one_the_engine_says_it_splits() -> None:
     for model_type in TINY_FAMILIES:
         assert family_support(model_type).pipeline is not None, model_type
+
+
+def _card(model_type: str) -> ModelCard:
+    return ModelCard(
+        model_id=ModelId(f"x/{model_type}"),
+        family=model_type,
+        model_type=model_type,
+        n_layers=8,
+        hidden_size=64,
+        storage_size_bytes=1,
+        source="hf:x/y",
+    )
+
+
+def test_the_engine_refuses_only_what_it_cannot_split() -> None:
+    engine = MlxEngine()
+    assert engine.sharding_refusal(_card("qwen3_moe"), "pipeline", 4) is None
+    gpt = engine.sharding_refusal(_card("gpt_oss"), "pipeline", 2)
+    assert gpt is not None and gpt.startswith("gpt_oss: pipeline parallel")
+    assert engine.sharding_refusal(_card("gpt_oss"), "tensor", 2) is None
+    assert engine.sharding_refusal(_card("gpt_oss"), "pipeline", 1) is None  # one node
+    assert engine.sharding_refusal(_card(""), "pipeline", 2) is None  # architecture unknown
+
+
+def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> None:
+    def option(sharding: Sharding, nodes: int) -> PlacementOption:
+        shares = tuple(
+            NodeShare(node_id=NodeId(f"n{i}"), start_layer=i, end_layer=i + 1, memory_bytes=1)
+            for i in range(nodes)
+        )
+        return PlacementOption(model_id=ModelId("x/gpt_oss"), sharding=sharding, shares=shares)
+
+    engine = MlxEngine()
+    card = _card("gpt_oss")
+
+    def refusal(o: PlacementOption) -> str | None:
+        return engine.sharding_refusal(card, o.sharding, len(o.shares))
+
+    options = [option("pipeline", 2), option("tensor", 2), option("pipeline", 1)]
+    assert runnable(options, refusal) == options[1:]
+    with pytest.raises(PlacementRefused, match="gpt_oss: pipeline parallel"):
+        runnable([option("pipeline", 2), option("pipeline", 3)], refusal)
+    assert runnable([], refusal) == []

@@ -141,6 +141,7 @@ def card_from_config(
     return ModelCard(
         model_id=ModelId(repo_id),
         family=family,
+        model_type=family,
         n_layers=n_layers,
         hidden_size=hidden,
         num_key_value_heads=kv_heads,

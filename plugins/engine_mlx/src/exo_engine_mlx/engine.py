@@ -9,6 +9,7 @@ import anyio
 
 from exo_core.engine import Engine, Runner, RunnerSpec
 from exo_core.model_cards import ModelCard, ModelTask
+from exo_core.state import Sharding
 from exo_engine_mlx.blas import runner_env
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
@@ -46,6 +47,13 @@ class MlxEngine(Engine):
         return ModelTask.TEXT_GENERATION in card.tasks and (
             card.source.startswith((EMBEDDED_SCHEME, LOCAL_SCHEME, "hf:"))
         )
+
+    def sharding_refusal(self, card: ModelCard, sharding: Sharding, ranks: int) -> str | None:
+        if ranks <= 1 or not card.model_type:
+            return None  # one node runs every architecture; an unknown one is not refused
+        from exo_engine_mlx.families import family_support
+
+        return family_support(card.model_type).refusal(sharding)
 
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         if card.source.startswith(LOCAL_SCHEME):
