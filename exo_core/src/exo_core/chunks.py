@@ -23,6 +23,10 @@ class ChunkRouter:
         self._instances[task_id] = instance_id
         return receive
 
+    def instance_of(self, task_id: TaskId) -> InstanceId | None:
+        """The instance whose rank 0 answers `task_id`, while a caller here waits for it."""
+        return self._instances.get(task_id)
+
     def tasks_of(self, instance_id: str) -> list[TaskId]:
         return [t for t, i in self._instances.items() if i == instance_id]
 

@@ -9,8 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import anyio
+import msgspec
 from loguru import logger
 
+from exo_core import cluster_key
 from exo_core.config import NodeConfig, default_data_dir
 from exo_core.logs import setup_logging
 from exo_core.plugin_host import PluginHost, load_plugins
@@ -19,6 +21,7 @@ _CORE_DESTS = {
     "api_host", "api_port", "data_dir", "verbose", "quiet", "no_api", "no_worker",
     "force_master", "namespace", "offline", "bootstrap_peers", "libp2p_port", "listen_host",
     "no_mdns", "no_auto_place", "disable_plugin", "transport", "command", "func",
+    "cluster_key", "no_cluster_key",
 }  # fmt: skip
 
 
@@ -41,6 +44,12 @@ def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
     add("--force-master", action="store_true", help="win every master election")
     add("--namespace", default=os.environ.get("EXO_NAMESPACE", "default"),
         help="only nodes with the same namespace form a cluster")  # fmt: skip
+    add("--cluster-key", default=os.environ.get(cluster_key.ENV_VAR), metavar="KEY",
+        help="the secret every node of the cluster shares (also EXO_CLUSTER_KEY); saved in the "
+        "data directory. Default: the saved key, else a new one (printed at start-up) unless "
+        "the transport listens on loopback only")  # fmt: skip
+    add("--no-cluster-key", action="store_true",
+        help="run an open cluster: ANY machine that reaches the port can join")  # fmt: skip
     add("--offline", action="store_true", help="use only models already on disk")
     add("--bootstrap-peers", type=_peers, default=_peers(os.environ.get("EXO_BOOTSTRAP_PEERS", "")),
         help="comma-separated multiaddrs of peers to connect to")  # fmt: skip
@@ -82,6 +91,15 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
     )
 
 
+def with_cluster_key(config: NodeConfig, given: str | None, open_network: bool) -> NodeConfig:
+    """The configuration with the cluster key resolved (and announced) for a networked node."""
+    if config.transport == "memory":
+        return config
+    key = cluster_key.resolve(config.data_path, config.listen_host, given, open_network)
+    cluster_key.announce(key, config.data_path)
+    return msgspec.structs.replace(config, cluster_key=key.secret)
+
+
 def _list_plugins(plugins: PluginHost) -> int:
     for info in plugins.plugins():
         print(f"{info.name:<20} {info.distribution} {info.version}  hooks: {', '.join(info.hooks)}")
@@ -109,6 +127,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     config = config_from_args(args)
     setup_logging(config.verbosity, config.data_path)
+    try:
+        config = with_cluster_key(config, args.cluster_key, args.no_cluster_key)
+    except cluster_key.ClusterKeyError as e:
+        logger.error(f"exo cannot start: {e}")
+        return 2
     for failure in plugins.failures:
         logger.error(f"plugin {failure.name} was skipped: {failure.error}")
     from exo_core.server import run_node

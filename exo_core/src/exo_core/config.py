@@ -23,6 +23,9 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     worker: bool = True
     force_master: bool = False
     namespace: str = "default"
+    # The cluster key this node runs with (see `exo_core.cluster_key`); None: the network is
+    # keyed by the namespace alone, so anyone who reaches it can join.
+    cluster_key: str | None = None
     offline: bool = False
     bootstrap_peers: list[str] = msgspec.field(default_factory=list)
     libp2p_port: int = 0

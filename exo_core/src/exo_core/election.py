@@ -8,6 +8,13 @@ such a claim steps down, so at most one master is accepted per term. With no liv
 best candidate takes the next term after a short settling time (long enough to hear everyone),
 and only while it hears a majority of the cluster's members: a minority could commit nothing.
 Before it starts its term, the winner catches up from the most complete log it can reach.
+
+A claim is only a claim: a node follows (or steps down for) a master only for a term in which
+it voted for it, or which a majority of members announce they voted for
+(`peer_auth.master_claim_backed`); the master asks nodes that did not vote (they joined later,
+or were out of reach) for their vote in its term. No node votes while it follows (or is) a
+live master, so nobody deposes a working master. Candidates are ranked among members of the cluster
+(`eligible`): a peer that is not in the replicated state cannot make the members wait for it.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import anyio
 from loguru import logger
 
 from exo_core.ids import NodeId
+from exo_core.peer_auth import master_claim_backed
 from exo_core.terms import next_term
 from exo_core.wire import Campaign
 
@@ -52,8 +60,10 @@ class Election:
         step_down: Callable[[], Awaitable[None]],
         timing: ElectionTiming = ElectionTiming(),
         expect_peers: bool = False,
+        eligible: Callable[[NodeId], bool] = lambda node_id: True,
     ) -> None:
         self._expect_peers = expect_peers
+        self._eligible = eligible
         self._me = me
         self._broadcast = broadcast
         self._become_master = become_master
@@ -84,6 +94,20 @@ class Election:
         now = anyio.current_time()
         return [c for c, at in self._heard.values() if now - at < self.timing.timeout]
 
+    def eligible(self, campaigns: list[Campaign]) -> list[Campaign]:
+        """The campaigns of members (all of them when none is a member: a cluster being formed,
+        or one whose known members are all gone)."""
+        members = [c for c in campaigns if self._eligible(c.node_id)]
+        return members or campaigns
+
+    def live_master(self) -> NodeId | None:
+        """The other node this one follows as master, while it is heard claiming it."""
+        heard = self._heard.get(self.master) if self.master is not None else None
+        if heard is None or anyio.current_time() - heard[1] >= self.timing.timeout:
+            return None
+        campaign = heard[0]
+        return campaign.node_id if campaign.is_master and campaign.term == self.term else None
+
     async def run(self) -> None:
         self._started = anyio.current_time()
         while True:
@@ -98,7 +122,8 @@ class Election:
     async def evaluate(self, me: Campaign) -> None:
         now = anyio.current_time()
         others = [c for c in self._alive() if c.node_id != me.node_id]
-        masters = [c for c in others if c.is_master]
+        size = self.cluster_size(me)
+        masters = [c for c in others if master_claim_backed(c, me, others, size)]
         best_master = max(masters, key=lambda c: (c.term, *rank_key(c)), default=None)
         if me.is_master:
             if best_master and (best_master.term, *rank_key(best_master)) > (
@@ -128,9 +153,12 @@ class Election:
             return
         if not is_majority(1 + len(others), self.cluster_size(me)):
             return  # too few nodes in reach to commit anything: no master on this side
-        best = max([me, *others], key=rank_key)
+        # Outsiders stand aside while members are in reach: an outsider's forced mastership
+        # must not make the members wait for it.
+        best = max(self.eligible([me, *others]), key=rank_key)
         if best.node_id == me.node_id:
-            highest = max([self.term, *(max(c.term, c.voted_term) for c in [me, *others])])
+            pool = self.eligible([me, *others])
+            highest = max([self.term, *(max(c.term, c.voted_term) for c in pool)])
             term = next_term(highest, me.node_id)
             if await self._become_master(term):
                 self.master, self.term, self._lost_master_at = me.node_id, term, None

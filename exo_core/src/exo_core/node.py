@@ -6,13 +6,16 @@ runner -> chunks -> (data plane) -> the node whose API holds the caller's reques
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 from loguru import logger
 
@@ -41,6 +44,14 @@ from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
 from exo_core.master import Master
 from exo_core.model_cards import ModelCard, index_cards
 from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
+from exo_core.peer_auth import (
+    chunk_refusal,
+    command_refusal,
+    is_member,
+    is_stale,
+    speaks_for_itself,
+    vote_refusal,
+)
 from exo_core.placement import runnable
 from exo_core.placement_types import PlacementOption, PlacementRequest
 from exo_core.plugin_host import PluginHost
@@ -60,6 +71,8 @@ from exo_core.votes import VoteBook
 from exo_core.wire import (
     ELECTION_TOPIC,
     EVENTS_TOPIC,
+    MAX_CATCH_UP_BYTES,
+    MAX_CATCH_UP_EVENTS,
     Ack,
     Campaign,
     CatchUp,
@@ -67,19 +80,27 @@ from exo_core.wire import (
     Diverged,
     EventBatch,
     NotMaster,
+    Refused,
     Replicated,
+    Request,
+    Response,
     Vote,
     VoteRequest,
     decode_broadcast,
     decode_request,
     decode_response,
     encode,
+    encode_catch_up,
 )
 from exo_core.worker import Worker
 
 TELEMETRY_INTERVAL_S = 5.0
 NODE_TIMEOUT_S = 30.0
 CATCH_UP_INTERVAL_S = 1.0
+# Requests one peer may have this node answer at once; more are refused (the sender retries).
+MAX_REQUESTS_IN_FLIGHT = 64
+# A refused peer message is logged once per sender in this many seconds (no log flood).
+REFUSAL_LOG_INTERVAL_S = 60.0
 
 
 class NoMaster(RuntimeError):
@@ -134,9 +155,12 @@ class Node:
             step_down=self._step_down,
             timing=election_timing,
             expect_peers=bool(config.bootstrap_peers),
+            eligible=lambda node_id: is_member(node_id, self.state),
         )
         self._priority = sum(p or 0 for p in plugins.hook.exo_election_priority(config=config))
         self._catch_up_wanted = anyio.Event()
+        self._in_flight: Counter[str] = Counter()
+        self._refusals_logged: dict[str, float] = {}
         self._tg: TaskGroup | None = None
         self.started_at = time.time()
         self.ready = anyio.Event()
@@ -221,7 +245,7 @@ class Node:
                 if target is not None and target != self.node_id:
                     try:
                         raw = await self.transport.request(target, encode(envelope), timeout=10)
-                        answer = decode_response(raw)
+                        answer = self._decode_answer(target, raw)
                         if isinstance(answer, CommandResult):
                             return answer
                     except TransportError as e:
@@ -277,6 +301,10 @@ class Node:
                         logger.warning(f"undecodable broadcast from {sender} on {topic}: {e}")
                         continue
                     if isinstance(message, Campaign):
+                        refusal = speaks_for_itself(sender, message)
+                        if refusal is not None:
+                            self._log_refusal(sender, refusal)
+                            continue
                         self.election.observe(message)
                     elif isinstance(message, EventBatch):
                         self._ingest_broadcast(sender, message)
@@ -318,28 +346,81 @@ class Node:
         self._tg.start_soon(send)
 
     async def _answer(self, sender: str, payload: bytes) -> bytes:
-        request = decode_request(payload)
+        """Answer a peer's request. A payload that does not decode fails this request only
+        (the transport reports it to the sender); a peer has a bounded number in flight."""
+        if self._in_flight[sender] >= MAX_REQUESTS_IN_FLIGHT:
+            return self._refused(sender, "too many requests in flight")
+        self._in_flight[sender] += 1
+        try:
+            return await self._answer_request(sender, decode_request(payload))
+        finally:
+            self._in_flight[sender] -= 1
+            if self._in_flight[sender] <= 0:
+                del self._in_flight[sender]
+
+    async def _answer_request(self, sender: str, request: Request) -> bytes:
+        """What a peer may ask depends on who it is (see `exo_core.peer_auth`)."""
         match request:
             case CommandEnvelope():
                 if self.master is None:
                     return encode(NotMaster(master=self.election.master))
+                refusal = command_refusal(sender, request, self.state)
+                if refusal is not None:
+                    self._log_refusal(sender, refusal)
+                    return encode(
+                        CommandResult(command_id=request.command_id, status=403, message=refusal)
+                    )
                 self.master.heard_from(NodeId(sender))
+                if isinstance(request.command, ReportEvents):
+                    events = tuple(e for e in request.command.events if not is_stale(e, self.state))
+                    request = msgspec.structs.replace(request, command=ReportEvents(events=events))
                 return encode(await self.master.handle(request))
             case CatchUp(start=start, prev_term=prev_term, limit=limit):
                 if start > 0 and self.replica.term_at(start - 1) != prev_term:
                     return encode(Diverged())
-                events = self.replica.log.read(start, start + limit)
-                return encode(EventBatch(events=tuple(events), prev_term=prev_term))
-            case Replicated(node_id=node_id, index=index, term=term):
+                events = self.replica.log.read(start, start + min(limit, MAX_CATCH_UP_EVENTS))
+                return encode_catch_up(events, prev_term, MAX_CATCH_UP_BYTES)
+            case Replicated(index=index, term=term):
+                refusal = speaks_for_itself(sender, request)
+                if refusal is not None:
+                    return self._refused(sender, refusal)
                 if self.master is not None:
-                    self.master.replicated(node_id, index, term)
+                    self.master.replicated(NodeId(sender), index, term)
                 return encode(Ack())
             case VoteRequest():
-                return encode(self._vote(request))
+                return encode(self._vote(request, sender))
             case ChunkBatch(chunks=chunks):
+                for chunk in chunks:
+                    instance_id = self.router.instance_of(chunk.task_id)
+                    refusal = chunk_refusal(sender, instance_id, self.state)
+                    if refusal is not None:
+                        return self._refused(sender, refusal)
                 for chunk in chunks:
                     self.router.deliver(chunk)
                 return encode(Ack())
+            case _:
+                return self._refused(sender, f"unexpected request {type(request).__name__}")
+
+    def _refused(self, sender: str, reason: str) -> bytes:
+        self._log_refusal(sender, reason)
+        return encode(Refused(reason=reason))
+
+    def _log_refusal(self, sender: str, reason: str) -> None:
+        now = time.monotonic()
+        if (
+            now - self._refusals_logged.get(sender, -REFUSAL_LOG_INTERVAL_S)
+            >= REFUSAL_LOG_INTERVAL_S
+        ):
+            self._refusals_logged[sender] = now
+            logger.warning(f"refused a message from peer {sender}: {reason}")
+
+    def _decode_answer(self, peer: str, raw: bytes) -> Response | None:
+        """A peer's answer, or None when it is not one (a peer's bytes never end the node)."""
+        try:
+            return decode_response(raw)
+        except msgspec.DecodeError as e:
+            self._log_refusal(peer, f"undecodable answer: {e}")
+            return None
 
     async def _catch_up_loop(self) -> None:
         """Catch up when asked to, and at least once a second: the last broadcast before a
@@ -364,7 +445,9 @@ class Node:
                 except TransportError as e:
                     logger.debug(f"catch-up from {peer} failed: {e}")
                     return False
-                answer = decode_response(raw)
+                answer = self._decode_answer(peer, raw)
+                if answer is None:
+                    return False
                 if isinstance(answer, Diverged):
                     self.replica.truncate(self.replica.divergence_point())
                     continue
@@ -388,6 +471,7 @@ class Node:
             is_master=self.master is not None,
             members=len({*self.state.nodes, self.node_id}),
             voted_term=self.votes.term,
+            voted_for=self.votes.voted_for,
         )
 
     async def _broadcast_campaign(self, campaign: Campaign) -> None:
@@ -403,9 +487,12 @@ class Node:
             # Followers notice on their next catch-up and fetch by request.
             logger.debug(f"event broadcast failed: {e}")
 
-    def _vote(self, request: VoteRequest) -> Vote:
-        if self.master is not None and self.master.term >= request.term:
-            return Vote(granted=False, reason=f"I am master of term {self.master.term}")
+    def _vote(self, request: VoteRequest, sender: str) -> Vote:
+        # A master is its own live master: it votes for nobody else while it leads.
+        live = self.node_id if self.master is not None else self.election.live_master()
+        refusal = vote_refusal(sender, request, live)
+        if refusal is not None:
+            return Vote(granted=False, reason=refusal)
         vote = self.votes.decide(request, self.replica.last_term, self.replica.state.last_index)
         if vote.granted and self.master is not None:
             logger.info(f"stepping down: voted for {request.candidate} in term {request.term}")
@@ -420,7 +507,7 @@ class Node:
             last_term=self.replica.last_term,
             last_index=self.replica.state.last_index,
         )
-        if not self._vote(me).granted:
+        if not self._vote(me, self.node_id).granted:
             return False
         granted = 1
         members = self.election.cluster_size(self._campaign())
@@ -431,7 +518,7 @@ class Node:
                 raw = await self.transport.request(peer, encode(me), timeout=1.0)
             except TransportError:
                 return
-            answer = decode_response(raw)
+            answer = self._decode_answer(peer, raw)
             if isinstance(answer, Vote) and answer.granted:
                 granted += 1
 
@@ -447,7 +534,9 @@ class Node:
         """Take over: catch up from the most complete log in reach, win a majority of votes,
         then start the term."""
         me = self._campaign()
-        best = max(self.election.alive(), key=lambda c: (c.term, c.commands_seen), default=None)
+        # Only a member's log is worth copying (an outsider could claim any log).
+        members = [c for c in self.election.alive() if is_member(c.node_id, self.state)]
+        best = max(members, key=lambda c: (c.term, c.commands_seen), default=None)
         if (
             best is not None
             and best.node_id != self.node_id
@@ -479,13 +568,37 @@ class Node:
         self.master = None
 
     async def _master_duties(self, master: Master) -> None:
-        """Time out silent nodes while this node is master."""
+        """Time out silent nodes while this node is master, and ask for missing votes."""
         while self.master is master:
             await anyio.sleep(1.0)
+            await self._ask_missing_votes(master)
             for node_id in master.silent_nodes(NODE_TIMEOUT_S, exclude=self.node_id):
                 logger.warning(f"node {node_id} unseen for {NODE_TIMEOUT_S:.0f}s: timing it out")
                 ctx = MasterContext(card=self.card, place=self._place)
                 await master.commit(decide_node_timeout(self.state, node_id, ctx))
+
+    async def _ask_missing_votes(self, master: Master) -> None:
+        """A node follows a master its own vote backs (or a majority's announced votes): ask
+        those that have not voted in our term (they joined later, or were out of reach during
+        the election) for their vote."""
+        voted = {c.node_id for c in self.election.alive() if c.voted_term == master.term}
+        missing = [p for p in self.transport.peers() if p not in voted]
+        if not missing:
+            return
+        request = VoteRequest(
+            term=master.term,
+            candidate=self.node_id,
+            last_term=self.replica.last_term,
+            last_index=self.replica.state.last_index,
+        )
+
+        async def ask(peer: str) -> None:
+            with contextlib.suppress(TransportError):
+                await self.transport.request(peer, encode(request), timeout=1.0)
+
+        async with anyio.create_task_group() as tg:
+            for peer in missing:
+                tg.start_soon(ask, peer)
 
     # -- telemetry ----------------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from exo_core.commands import CommandEnvelope, CommandResult
@@ -11,6 +13,15 @@ from exo_core.ids import NodeId
 
 EVENTS_TOPIC = "exo/events"
 ELECTION_TOPIC = "exo/election"
+
+# Bounds on numbers peers send: a term or index past 2**62 is a forgery (it would take
+# centuries to reach), and arithmetic on it must never overflow what msgpack can carry.
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+Index = Annotated[int, msgspec.Meta(ge=-1, le=1 << 62)]
+# The most events, and about the most bytes, one catch-up answer carries, whatever the asker
+# wants (a transport carries 64 MiB at most).
+MAX_CATCH_UP_EVENTS = 5000
+MAX_CATCH_UP_BYTES = 8 << 20
 
 
 class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -29,9 +40,9 @@ class CatchUp(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Ask for the events from `start` on (at most `limit`); `prev_term` is the asker's term at
     `start - 1`, so the answer can say when the asker's log diverges."""
 
-    start: int
-    prev_term: int = 0
-    limit: int = 5000
+    start: Count
+    prev_term: Count = 0
+    limit: Annotated[int, msgspec.Meta(ge=1)] = MAX_CATCH_UP_EVENTS
 
 
 class Diverged(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -45,17 +56,17 @@ class Replicated(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     the follower as holding its own log up to `index` only when its own event there matches."""
 
     node_id: NodeId
-    index: int
-    term: int
+    index: Index
+    term: Count
 
 
 class VoteRequest(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """A candidate asks for a vote in `term`, showing how complete its log is."""
 
-    term: int
+    term: Count
     candidate: NodeId
-    last_term: int
-    last_index: int
+    last_term: Count
+    last_index: Index
 
 
 class Vote(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -66,11 +77,18 @@ class Vote(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 class ChunkBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Data plane: generated chunks for tasks whose caller is on the receiving node."""
 
-    chunks: tuple[Chunk, ...]
+    chunks: Annotated[tuple[Chunk, ...], msgspec.Meta(max_length=1024)]
 
 
 class Ack(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pass
+
+
+class Refused(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The request was not accepted from this sender (see `exo_core.peer_auth`), or it came
+    while the sender already had too many requests in flight."""
+
+    reason: str
 
 
 class NotMaster(msgspec.Struct, frozen=True, kw_only=True, tag=True):
@@ -86,22 +104,34 @@ class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     `commands_seen` is the length of its log; `members` how many nodes it knows in the cluster."""
 
     node_id: NodeId
-    term: int
+    term: Count
     force_master: bool
     priority: int
-    seniority: int
-    commands_seen: int
+    seniority: Count
+    commands_seen: Count
     is_master: bool
-    members: int = 1
+    members: Annotated[int, msgspec.Meta(ge=1, le=1 << 16)] = 1
     # The highest term it has voted in: a new term must be above every vote cast.
-    voted_term: int = 0
+    voted_term: Count = 0
+    # Whom it voted for in `voted_term`: a node follows only the master it voted for.
+    voted_for: NodeId | None = None
 
 
 Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated | VoteRequest
-Response = CommandResult | EventBatch | Ack | NotMaster | Diverged | Vote
+Response = CommandResult | EventBatch | Ack | NotMaster | Diverged | Vote | Refused
 Broadcast = EventBatch | Campaign
 
 encode = msgspec.msgpack.Encoder().encode
 decode_request = msgspec.msgpack.Decoder(Request).decode
 decode_response = msgspec.msgpack.Decoder(Response).decode
 decode_broadcast = msgspec.msgpack.Decoder(Broadcast).decode
+
+
+def encode_catch_up(events: list[IndexedEvent], prev_term: int, max_bytes: int) -> bytes:
+    """A catch-up answer of the first of `events` that fit in `max_bytes` (at least one: the
+    asker must make progress); the asker asks again for the rest."""
+    while True:
+        raw = encode(EventBatch(events=tuple(events), prev_term=prev_term))
+        if len(raw) <= max_bytes or len(events) <= 1:
+            return raw
+        events = events[: len(events) // 2]

@@ -18,6 +18,7 @@ import pytest
 
 from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason, TextChunk
 from exo_core.state import RunnerStatus
+from exo_engine_mlx.distributed.group import RING_TOKEN_ENV
 from exo_engine_mlx.distributed.testing import (
     RunnerGroup,
     final,
@@ -167,6 +168,21 @@ def test_a_taken_ring_port_fails_at_once_with_the_address(model_dir: Path) -> No
             group.wait(lambda: 0 in group.died, 30.0, "rank 0 did not fail")
     message = str(group.died[0])
     assert f"127.0.0.1:{port}" in message and "cannot listen" in message, message
+
+
+def test_a_rank_without_the_group_token_is_refused_before_any_step(model_dir: Path) -> None:
+    # Rank 1 stands for a stranger that took a peer's place in the ring: it connects like a
+    # rank, but holds another token (another cluster key).
+    specs = group_specs(model_dir, sharding="pipeline", world=2)
+    tokens = {0: {RING_TOKEN_ENV: "the group's token"}, 1: {RING_TOKEN_ENV: "a guess"}}
+    options = RunnerOptions(group_connect_timeout_s=20.0)
+    with RunnerGroup(specs, options=options, rank_env=tokens) as group:
+        group.wait(lambda: len(group.died) == 2, 120.0, "the ranks did not refuse each other")
+    # The first rank to refuse ends its process; the other may see its socket close first.
+    messages = [str(group.died[rank]) for rank in (0, 1)]
+    assert any("cannot prove it belongs to the group" in m for m in messages), messages
+    for rank in (0, 1):
+        assert RunnerStatus.LOADING not in [s for s, _ in group.statuses[rank]]
 
 
 def test_killing_a_rank_mid_generation_ends_the_callers_stream_within_seconds(

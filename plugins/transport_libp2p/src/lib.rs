@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use libp2p::pnet::PreSharedKey;
 use libp2p::{Multiaddr, PeerId};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -408,7 +409,7 @@ fn control_tuple(py: Python<'_>, control: Control) -> PyResult<Bound<'_, PyTuple
 /// Start a node and return it once it listens.
 #[pyfunction]
 #[pyo3(signature = (
-    key_path, namespace, listen_host = "0.0.0.0".to_owned(), port = 0, bootstrap_peers = vec![],
+    key_path, network_key, listen_host = "0.0.0.0".to_owned(), port = 0, bootstrap_peers = vec![],
     mdns = true, max_broadcast_size = 1 << 20, max_request_size = 64 << 20,
     inbox_capacity = 8192,
 ))]
@@ -416,7 +417,7 @@ fn control_tuple(py: Python<'_>, control: Control) -> PyResult<Bound<'_, PyTuple
 fn start_node<'py>(
     py: Python<'py>,
     key_path: PathBuf,
-    namespace: String,
+    network_key: Vec<u8>,
     listen_host: String,
     port: u16,
     bootstrap_peers: Vec<String>,
@@ -430,7 +431,7 @@ fn start_node<'py>(
     let peer_id = key.public().to_peer_id().to_string();
     let config = node::Config {
         key,
-        namespace,
+        network_key: pre_shared_key(&network_key)?,
         listen_host,
         port,
         bootstrap,
@@ -489,16 +490,17 @@ fn load_or_create_key(key_path: PathBuf) -> PyResult<String> {
 /// Addresses among `addrs` where another running node presents the identity stored at
 /// `key_path` (a copied data directory). Blocks, with the GIL released, at most `timeout` s.
 #[pyfunction]
-#[pyo3(signature = (key_path, namespace, addrs, timeout = 2.0))]
+#[pyo3(signature = (key_path, network_key, addrs, timeout = 2.0))]
 fn find_identity_clones(
     py: Python<'_>,
     key_path: PathBuf,
-    namespace: String,
+    network_key: Vec<u8>,
     addrs: Vec<String>,
     timeout: f64,
 ) -> PyResult<Vec<String>> {
     let key = identity::load_or_create(&key_path).map_err(NativeError::new_err)?;
     let addrs = parse_addrs(&addrs)?;
+    let psk = pre_shared_key(&network_key)?;
     let timeout = Duration::try_from_secs_f64(timeout.max(0.0))
         .map_err(|e| NativeError::new_err(e.to_string()))?;
     py.detach(|| {
@@ -507,10 +509,18 @@ fn find_identity_clones(
             .enable_all()
             .build()
             .map_err(|e| NativeError::new_err(format!("cannot start a tokio runtime: {e}")))?;
-        let found = runtime.block_on(probe::find_clones(&key, &namespace, addrs, timeout));
+        let found = runtime.block_on(probe::find_clones(&key, psk, addrs, timeout));
         runtime.shutdown_background();
         Ok(found)
     })
+}
+
+/// The private network's key: exactly 32 bytes.
+fn pre_shared_key(bytes: &[u8]) -> PyResult<PreSharedKey> {
+    let key: [u8; 32] = bytes.try_into().map_err(|_| {
+        NativeError::new_err(format!("a network key has 32 bytes, not {}", bytes.len()))
+    })?;
+    Ok(PreSharedKey::new(key))
 }
 
 fn parse_addrs(addrs: &[String]) -> PyResult<Vec<Multiaddr>> {

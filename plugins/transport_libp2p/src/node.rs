@@ -23,7 +23,6 @@ use libp2p::swarm::behaviour::toggle::Toggle;
 use libp2p::swarm::dial_opts::{DialOpts, PeerCondition};
 use libp2p::swarm::{ConnectionId, DialError, ListenError, NetworkBehaviour, SwarmEvent};
 use libp2p::{identify, mdns, noise, ping, tcp, yamux, Multiaddr, PeerId, Swarm, Transport};
-use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::codec::{BytesCodec, Reply, PROTOCOL};
@@ -41,7 +40,9 @@ const SLOW_PEER_NOTICE_EVERY: Duration = Duration::from_secs(10);
 
 pub struct Config {
     pub key: Keypair,
-    pub namespace: String,
+    /// The private network's key (from the cluster key and the namespace, see
+    /// `exo_core.cluster_key`): peers without it fail the first handshake.
+    pub network_key: PreSharedKey,
     pub listen_host: String,
     pub port: u16,
     pub bootstrap: Vec<Multiaddr>,
@@ -124,18 +125,12 @@ struct Behaviour {
     ping: ping::Behaviour,
 }
 
-/// The pre-shared key of the private network: nodes of different namespaces fail the pnet
-/// handshake, so they never even see each other's identities.
-pub fn namespace_psk(namespace: &str) -> PreSharedKey {
-    let digest = Sha256::digest(format!("exo-namespace:{namespace}").as_bytes());
-    PreSharedKey::new(digest.into())
-}
-
 type BoxedTransport = Boxed<(PeerId, StreamMuxerBox)>;
 
-/// TCP, then the namespace's private network, then noise and yamux.
-fn build_transport(key: &Keypair, namespace: &str) -> Result<BoxedTransport, String> {
-    let psk = namespace_psk(namespace);
+/// TCP, then the private network, then noise and yamux. Nodes with another network key
+/// (another cluster key or namespace) fail the pnet handshake, so they never even see each
+/// other's identities.
+fn build_transport(key: &Keypair, psk: PreSharedKey) -> Result<BoxedTransport, String> {
     let noise = noise::Config::new(key).map_err(|e| e.to_string())?;
     Ok(
         tcp::tokio::Transport::new(tcp::Config::default().nodelay(true))
@@ -153,7 +148,7 @@ fn build_transport(key: &Keypair, namespace: &str) -> Result<BoxedTransport, Str
 fn build_swarm(cfg: &Config) -> Result<Swarm<Behaviour>, String> {
     let key = cfg.key.clone();
     let peer_id = key.public().to_peer_id();
-    let transport = build_transport(&key, &cfg.namespace)?;
+    let transport = build_transport(&key, cfg.network_key)?;
 
     let gossip_config = gossipsub::ConfigBuilder::default()
         .validation_mode(ValidationMode::Strict)
@@ -653,7 +648,7 @@ impl Driver {
                 });
             }
             SwarmEvent::IncomingConnectionError { error, .. } => {
-                // Includes peers of other namespaces failing the pnet handshake.
+                // Includes peers of other clusters (keys, namespaces) failing the pnet handshake.
                 self.shared
                     .notice("DEBUG", format!("incoming connection failed: {error}"));
             }

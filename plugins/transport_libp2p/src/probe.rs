@@ -17,10 +17,8 @@ use libp2p::core::upgrade::OutboundConnectionUpgrade;
 use libp2p::core::Endpoint;
 use libp2p::identity::Keypair;
 use libp2p::multiaddr::Protocol;
-use libp2p::pnet::PnetConfig;
+use libp2p::pnet::{PnetConfig, PreSharedKey};
 use libp2p::{noise, tcp, Multiaddr, PeerId, Transport};
-
-use crate::node::namespace_psk;
 
 const MULTISTREAM: &str = "/multistream/1.0.0";
 
@@ -28,13 +26,13 @@ const MULTISTREAM: &str = "/multistream/1.0.0";
 /// within `timeout` count as no clone.
 pub async fn find_clones(
     key: &Keypair,
-    namespace: &str,
+    psk: PreSharedKey,
     addrs: Vec<Multiaddr>,
     timeout: Duration,
 ) -> Vec<String> {
     let local = key.public().to_peer_id();
     let probes = addrs.into_iter().map(|addr| async move {
-        let answer = tokio::time::timeout(timeout, identify_remote(key, namespace, addr.clone()));
+        let answer = tokio::time::timeout(timeout, identify_remote(key, psk, addr.clone()));
         match answer.await {
             Ok(Ok(peer)) if peer == local => Some(addr.to_string()),
             _ => None,
@@ -46,7 +44,7 @@ pub async fn find_clones(
 /// The peer id of the node at `addr`, learned from the noise handshake.
 async fn identify_remote(
     key: &Keypair,
-    namespace: &str,
+    psk: PreSharedKey,
     mut addr: Multiaddr,
 ) -> io::Result<PeerId> {
     if let Some(Protocol::P2p(_)) = addr.iter().last() {
@@ -60,7 +58,7 @@ async fn identify_remote(
         .dial(addr, opts)
         .map_err(io::Error::other)?
         .await?;
-    let mut socket = PnetConfig::new(namespace_psk(namespace))
+    let mut socket = PnetConfig::new(psk)
         .handshake(socket)
         .await
         .map_err(io::Error::other)?;

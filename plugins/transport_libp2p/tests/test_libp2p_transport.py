@@ -89,6 +89,25 @@ async def test_different_namespaces_never_connect(tmp_path: Path) -> None:
 
 
 @pytest.mark.anyio
+async def test_only_nodes_with_the_same_cluster_key_connect(tmp_path: Path) -> None:
+    a = make_node(tmp_path / "a", cluster_key="key-one")
+    await a.start()
+    stranger = make_node(tmp_path / "s", a.listen_addrs(), cluster_key="key-two")
+    open_node = make_node(tmp_path / "o", a.listen_addrs())  # no key: the namespace alone
+    friend = make_node(tmp_path / "f", a.listen_addrs(), cluster_key="key-one")
+    for node in (stranger, open_node, friend):
+        await node.start()
+    try:
+        await wait_until(lambda: a.peers() == {friend.node_id}, timeout=10)
+        await asyncio.sleep(2.5)  # both outsiders have dialed again by now
+        assert a.peers() == {friend.node_id}
+        assert stranger.peers() == frozenset() and open_node.peers() == frozenset()
+    finally:
+        for node in (a, stranger, open_node, friend):
+            await node.stop()
+
+
+@pytest.mark.anyio
 async def test_cloned_identity_is_replaced_by_the_younger_node(tmp_path: Path) -> None:
     a = make_node(tmp_path / "a")
     await a.start()

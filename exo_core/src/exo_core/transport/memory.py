@@ -2,7 +2,8 @@
 
 It serves a single node (a network of one) and tests. Faults can be injected per network:
 message loss, duplication, reordering (a random delay) and partitions, all drawn from one seeded
-`random.Random`, so a simulation can be replayed from its seed.
+`random.Random`, so a simulation can be replayed from its seed. A node's `network_key` models
+the private network of a real transport: nodes with different keys never reach each other.
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ class MemoryNetwork:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
 
-    def transport(self, node_id: str) -> MemoryTransport:
-        return MemoryTransport(self, node_id)
+    def transport(self, node_id: str, network_key: str = "") -> MemoryTransport:
+        return MemoryTransport(self, node_id, network_key)
 
     def linked(self, a: str, b: str) -> bool:
         return (
@@ -57,6 +58,7 @@ class MemoryNetwork:
             and b in self._nodes
             and self._nodes[a].running
             and self._nodes[b].running
+            and self._nodes[a].network_key == self._nodes[b].network_key
             and frozenset((a, b)) not in self._cut
         )
 
@@ -116,9 +118,10 @@ class MemoryNetwork:
 
 
 class MemoryTransport(Transport):
-    def __init__(self, network: MemoryNetwork, node_id: str) -> None:
+    def __init__(self, network: MemoryNetwork, node_id: str, network_key: str = "") -> None:
         self._network = network
         self._id = node_id
+        self.network_key = network_key
         self.running = False
         self.topics: set[str] = set()
         self._inbox: asyncio.Queue[TransportEvent | None] = asyncio.Queue()

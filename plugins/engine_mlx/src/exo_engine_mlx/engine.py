@@ -7,10 +7,12 @@ from pathlib import Path
 
 import anyio
 
+from exo_core.cluster_key import derive
 from exo_core.engine import Engine, Runner, RunnerSpec
 from exo_core.model_cards import ModelCard, ModelTask
 from exo_core.state import Sharding
 from exo_engine_mlx.blas import runner_env
+from exo_engine_mlx.distributed.group import RING_TOKEN_ENV, ring_token
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
 
@@ -43,6 +45,10 @@ def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
 class MlxEngine(Engine):
     name = "mlx"
 
+    def __init__(self, ring_secret: bytes = derive(None, "exo-mlx-ring")) -> None:
+        # Ranks of a group prove to each other that they hold a token made from this.
+        self.ring_secret = ring_secret
+
     def can_serve(self, card: ModelCard) -> bool:
         return ModelTask.TEXT_GENERATION in card.tasks and (
             card.source.startswith((EMBEDDED_SCHEME, LOCAL_SCHEME, "hf:"))
@@ -66,4 +72,7 @@ class MlxEngine(Engine):
         return None  # a hub model: the downloader fetches it
 
     def create_runner(self, spec: RunnerSpec) -> Runner:
-        return MlxRunner(spec, options_from_env(os.environ), runner_env())
+        env = runner_env()
+        if spec.shard.world_size > 1:
+            env[RING_TOKEN_ENV] = ring_token(self.ring_secret, spec.instance.instance_id)
+        return MlxRunner(spec, options_from_env(os.environ), env)

@@ -14,9 +14,11 @@ from exo_core.model_cards import ModelCard
 
 @hookimpl
 def exo_engines(config: NodeConfig) -> list[Engine]:
+    from exo_core.cluster_key import derive
     from exo_engine_mlx.engine import MlxEngine
 
-    return [MlxEngine()]
+    secret = derive(config.cluster_key, f"exo-mlx-ring:{config.namespace}")
+    return [MlxEngine(ring_secret=secret)]
 
 
 @hookimpl

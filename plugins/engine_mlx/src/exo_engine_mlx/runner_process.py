@@ -106,12 +106,17 @@ def _load(launch: Launch, out: Outbox, guard: Callable[[str, float], Any]) -> tu
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
         return load_model(spec.model_path), None
-    from exo_engine_mlx.distributed.group import barrier, form_group
+    from exo_engine_mlx.distributed.group import (
+        RING_TOKEN_ENV,
+        barrier,
+        form_group,
+        prove_membership,
+    )
 
     out.status(RunnerStatus.CONNECTING)
     group = form_group(spec, options.group_connect_timeout_s)
     with guard("joining the runner group", options.group_connect_timeout_s):
-        barrier(group)
+        prove_membership(group, os.environ.get(RING_TOKEN_ENV, ""))
     out.status(RunnerStatus.LOADING)
     plan = ShardPlan(
         sharding=spec.instance.sharding,

@@ -46,7 +46,7 @@ class Node:
 
 def start_node(
     key_path: str | PathLike[str],
-    namespace: str,
+    network_key: bytes,
     listen_host: str = "0.0.0.0",
     port: int = 0,
     bootstrap_peers: list[str] = ...,
@@ -58,6 +58,6 @@ def start_node(
 def load_or_create_key(key_path: str | PathLike[str]) -> str: ...
 def regenerate_key(key_path: str | PathLike[str]) -> str: ...
 def find_identity_clones(
-    key_path: str | PathLike[str], namespace: str, addrs: list[str], timeout: float = 2.0
+    key_path: str | PathLike[str], network_key: bytes, addrs: list[str], timeout: float = 2.0
 ) -> list[str]: ...
 def shutdown_all(timeout: float = 2.0) -> None: ...

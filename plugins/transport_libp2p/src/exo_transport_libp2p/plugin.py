@@ -23,4 +23,5 @@ def exo_transport(config: NodeConfig) -> Transport | None:
         port=config.libp2p_port,
         bootstrap_peers=config.bootstrap_peers,
         mdns=config.mdns,
+        cluster_key=config.cluster_key,
     )

@@ -17,6 +17,7 @@ def make_node(
     namespace: str = "test",
     *,
     inbox_capacity: int = 8192,
+    cluster_key: str | None = None,
 ) -> Libp2pTransport:
     """An unstarted node on 127.0.0.1 (any port), mDNS off."""
     return Libp2pTransport(
@@ -26,6 +27,7 @@ def make_node(
         bootstrap_peers=bootstrap or [],
         mdns=False,
         inbox_capacity=inbox_capacity,
+        cluster_key=cluster_key,
     )
 
 

@@ -8,7 +8,9 @@ the core's interface:
   default), answered by the handler set with `set_request_handler`;
 * what arrives is read in batches from a bounded native queue: when this node reads too
   slowly, broadcasts are dropped and a `TransportLagged` marks the gap, never a silent loss;
-* nodes of different namespaces never connect: the namespace keys a libp2p private network.
+* nodes of different clusters never connect: the cluster key and the namespace key a libp2p
+  private network (`exo_core.cluster_key.network_key`); without a cluster key, the namespace
+  alone does, and anyone who knows it can join.
 
 **Identity.** The node's Ed25519 key lives in `<data_dir>/libp2p_identity.key` (mode 0600).
 A copied data directory would give two nodes one identity. So the constructor, before anyone
@@ -32,6 +34,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from exo_core.cluster_key import network_key
 from exo_core.transport.base import (
     PayloadTooLarge,
     PeerConnected,
@@ -67,6 +70,7 @@ class Libp2pTransport(Transport):
         bootstrap_peers: Sequence[str] = (),
         mdns: bool = True,
         *,
+        cluster_key: str | None = None,
         max_broadcast_size: int = 1 << 20,
         max_request_size: int = 64 << 20,
         inbox_capacity: int = 8192,
@@ -75,6 +79,7 @@ class Libp2pTransport(Transport):
     ) -> None:
         self.key_path = Path(data_dir) / KEY_FILE
         self.namespace = namespace
+        self.network_key = network_key(namespace, cluster_key)
         self.listen_host = listen_host
         self.port = port
         self.bootstrap_peers = list(bootstrap_peers)
@@ -102,7 +107,7 @@ class Libp2pTransport(Transport):
     def _replace_cloned_identity(self, timeout: float) -> None:
         try:
             clones = _native.find_identity_clones(
-                self.key_path, self.namespace, self.bootstrap_peers, timeout
+                self.key_path, self.network_key, self.bootstrap_peers, timeout
             )
         except _native.NativeError as e:
             raise TransportError(str(e)) from e
@@ -146,7 +151,7 @@ class Libp2pTransport(Transport):
         try:
             return await _native.start_node(
                 self.key_path,
-                self.namespace,
+                self.network_key,
                 listen_host=self.listen_host,
                 port=self.port,
                 bootstrap_peers=self.bootstrap_peers,

@@ -4,24 +4,39 @@ The master gives every rank a `host:port` (`ShardAssignment.ring_address`). The 
 writes them to a hostfile and starts the runner with MLX_HOSTFILE and MLX_RANK in its own
 environment only. The runner then joins the ring; when a peer never shows up the attempt ends
 after `timeout_s` instead of blocking forever.
+
+**Only members.** MLX's ring accepts the first connection to a rank's port, from anyone, and
+then closes the port. So right after the ring forms, every rank proves it holds the group's
+token (`EXO_RING_TOKEN`, derived from the cluster key and the instance id; see
+`ring_token`) before any model data flows: each rank adds a fresh nonce, then each shows an
+HMAC of all nonces under the token. A stranger that took a peer's place cannot show one, and
+the group fails with a clear error instead of computing with it. (The connections are plain
+TCP: someone on the path between the machines can still read them.)
 """
 
 from __future__ import annotations
 
 import faulthandler
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import socket
 from pathlib import Path
 from typing import IO
 
 import mlx.core as mx
+import numpy as np
 
 from exo_core.engine import RunnerSpec
 from exo_core.state import Instance
 
 # Exit status of a runner whose group did not form in time (faulthandler's own).
 CONNECT_TIMEOUT_EXIT = 1
+# The environment variable that carries a runner's ring token.
+RING_TOKEN_ENV = "EXO_RING_TOKEN"
+_NONCE_BYTES = 16
 _devnull: IO[str] | None = None
 
 
@@ -97,3 +112,42 @@ def form_group(spec: RunnerSpec, timeout_s: float) -> mx.distributed.Group:
 def barrier(group: mx.distributed.Group) -> None:
     """Return when every rank got here (fails when a peer is gone)."""
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
+
+
+def ring_token(ring_secret: bytes, instance_id: str) -> str:
+    """The token every rank of one instance holds: only holders of the cluster key can make it,
+    and it differs for every instance."""
+    return hmac.new(ring_secret, f"instance:{instance_id}".encode(), hashlib.sha256).hexdigest()
+
+
+def _all_gather(group: mx.distributed.Group, data: bytes) -> list[bytes]:
+    """Every rank's `data` (all of one length), by rank."""
+    gathered = mx.distributed.all_gather(
+        mx.array(list(data), dtype=mx.uint8), group=group, stream=mx.cpu
+    )
+    raw = np.asarray(gathered, dtype=np.uint8).tobytes()
+    n = len(data)
+    return [raw[r * n : (r + 1) * n] for r in range(group.size())]
+
+
+def prove_membership(group: mx.distributed.Group, token: str) -> None:
+    """Check that every rank of the ring holds `token` (a barrier too). Raises GroupError."""
+    rank = group.rank()
+    nonce = secrets.token_bytes(_NONCE_BYTES)
+    nonces = _all_gather(group, nonce)
+    key = token.encode()
+
+    def proof(of_rank: int) -> bytes:
+        transcript = b"".join(nonces) + of_rank.to_bytes(4, "big")
+        return hmac.new(key, transcript, hashlib.sha256).digest()
+
+    proofs = _all_gather(group, proof(rank))
+    strangers = [
+        r for r in range(group.size()) if r != rank and not hmac.compare_digest(proofs[r], proof(r))
+    ]
+    if nonces[rank] != nonce or strangers:
+        raise GroupError(
+            f"rank {rank}: the ring holds a peer that cannot prove it belongs to the group "
+            f"(ranks {strangers or 'unknown'}): a stranger connected to a ring port, or the "
+            "nodes run with different cluster keys"
+        )

@@ -133,6 +133,8 @@ class RunnerGroup:
     options: RunnerOptions = field(default_factory=RunnerOptions)
     env: Mapping[str, str] | None = None
     ranks: Sequence[int] | None = None  # start only these ranks (to leave a peer missing)
+    # Variables for one rank's environment only (such as another ring token).
+    rank_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
     statuses: dict[int, list[tuple[RunnerStatus, str | None]]] = field(default_factory=dict)
     died: dict[int, BaseException] = field(default_factory=dict)
     runners: dict[int, MlxRunner] = field(default_factory=dict)
@@ -146,7 +148,9 @@ class RunnerGroup:
         self._portal = self._exit.enter_context(start_blocking_portal())
         for rank in self.ranks if self.ranks is not None else range(len(self.specs)):
             spec = self.specs[rank]
-            self.runners[rank] = MlxRunner(spec, self.options, env)
+            self.runners[rank] = MlxRunner(
+                spec, self.options, {**env, **self.rank_env.get(rank, {})}
+            )
             self.statuses[rank] = []
             self._portal.start_task_soon(self._serve, rank)
         return self

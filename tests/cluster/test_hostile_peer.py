@@ -1,0 +1,458 @@
+"""A hostile peer in the deterministic simulation: forgeries are refused, noise stops nobody.
+
+Three honest nodes on the in-memory network and one extra transport with no node behind it
+(`mallory`). It forges campaigns, reports, acks, vote requests and chunks in other nodes'
+names or in roles it does not hold, and answers requests with bytes that are not messages.
+The seeded fuzzer at the end sends random, truncated and forged messages from a peer without
+the cluster key (the network never links it) and from one with it.
+
+A failing seed replays: `pytest tests/cluster/test_hostile_peer.py -k "keyed-seed_7"`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import pytest
+
+from exo_core import node as node_module
+from exo_core.commands import (
+    AddModelCard,
+    CommandEnvelope,
+    CommandResult,
+    ReportEvents,
+)
+from exo_core.events import (
+    IndexedEvent,
+    InstanceCreated,
+    ModelCardAdded,
+    NodeTelemetry,
+    NodeTimedOut,
+)
+from exo_core.generation import TextChunk
+from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo_core.model_cards import ModelCard
+from exo_core.state import Instance, NodeResources, ShardAssignment
+from exo_core.testing.peer_fuzz import HostilePeer, forged_card, forged_in
+from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
+from exo_core.transport.memory import Faults, MemoryNetwork, MemoryTransport
+from exo_core.wire import (
+    ELECTION_TOPIC,
+    EVENTS_TOPIC,
+    Campaign,
+    CatchUp,
+    ChunkBatch,
+    EventBatch,
+    Refused,
+    Replicated,
+    Vote,
+    VoteRequest,
+    decode_response,
+    encode,
+)
+
+HONEST = 3
+MALLORY = "mallory"
+HUGE = 1 << 62
+
+
+async def formed(cluster: SimCluster) -> NodeId:
+    """Wait for one master followed by all, with every node in state; returns the master."""
+
+    def ready() -> bool:
+        masters = cluster.masters()
+        return (
+            len(masters) == 1
+            and all(n.node.election.master == masters[0].node.node_id for n in cluster.nodes)
+            and all(len(n.node.state.nodes) == HONEST for n in cluster.nodes)
+        )
+
+    await cluster.wait(ready)
+    return cluster.masters()[0].node.node_id
+
+
+def with_mallory(
+    tmp_path: Path,
+    body: Callable[[SimCluster, MemoryTransport, NodeId], Awaitable[None]],
+    faults: Faults | None = None,
+) -> None:
+    network = MemoryNetwork(seed=1, faults=faults or Faults())
+
+    async def run() -> None:
+        async with sim_cluster(tmp_path, HONEST, network) as cluster:
+            master = await formed(cluster)
+            mallory = network.transport(MALLORY)
+            await mallory.start()
+            await body(cluster, mallory, master)
+            await mallory.stop()
+
+    run_simulation(run)
+
+
+def follower_ids(cluster: SimCluster, master: NodeId) -> list[NodeId]:
+    return [n.node.node_id for n in cluster.nodes if n.node.node_id != master]
+
+
+def campaign(node_id: str, term: int = HUGE) -> Campaign:
+    return Campaign(
+        node_id=NodeId(node_id),
+        term=term,
+        force_master=True,
+        priority=1 << 30,
+        seniority=0,
+        commands_seen=HUGE,
+        is_master=True,
+        members=HONEST,
+        voted_term=term,
+        voted_for=NodeId(node_id),
+    )
+
+
+def test_forged_master_claims_leave_the_honest_master_in_place(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        victim = follower_ids(cluster, master)[0]
+        votes = []
+        for _ in range(40):  # 10 s of claims: as itself, and in an honest follower's name
+            await mallory.publish(ELECTION_TOPIC, encode(campaign(MALLORY)))
+            await mallory.publish(ELECTION_TOPIC, encode(campaign(victim)))
+            for peer in mallory.peers():
+                request = VoteRequest(
+                    term=HUGE, candidate=NodeId(MALLORY), last_term=HUGE, last_index=HUGE
+                )
+                votes.append(decode_response(await mallory.request(peer, encode(request))))
+            await anyio.sleep(0.25)
+        assert [n.node.node_id for n in cluster.masters()] == [master]
+        assert all(n.node.election.master == master for n in cluster.nodes)
+        assert votes and not any(isinstance(v, Vote) and v.granted for v in votes), votes
+
+    with_mallory(tmp_path, body)
+
+
+def test_a_member_claiming_forced_mastership_cannot_depose_a_live_master(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        # Mallory joins as a member (its own telemetry is a fact it may report)...
+        join = CommandEnvelope(
+            command_id=CommandId("join"),
+            origin=NodeId(MALLORY),
+            command=ReportEvents(
+                events=(
+                    NodeTelemetry(
+                        node_id=NodeId(MALLORY),
+                        hostname=MALLORY,
+                        resources=NodeResources(),
+                        timestamp=1.0,
+                    ),
+                )
+            ),
+        )
+        result = decode_response(await mallory.request(master, encode(join)))
+        assert isinstance(result, CommandResult) and result.ok, result
+        await cluster.wait(lambda: all(MALLORY in n.node.state.nodes for n in cluster.nodes))
+        # ...then claims forced mastership with the best log there is, and asks for votes.
+        for _ in range(20):
+            await mallory.publish(ELECTION_TOPIC, encode(campaign(MALLORY)))
+            for peer in mallory.peers():
+                request = VoteRequest(
+                    term=HUGE, candidate=NodeId(MALLORY), last_term=HUGE, last_index=HUGE
+                )
+                answer = decode_response(await mallory.request(peer, encode(request)))
+                assert isinstance(answer, Vote) and not answer.granted, answer
+            await anyio.sleep(0.25)
+        assert [n.node.node_id for n in cluster.masters()] == [master]
+
+    with_mallory(tmp_path, body)
+
+
+def test_an_outsiders_forced_mastership_does_not_stall_the_next_election(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        async def claim() -> None:
+            while True:
+                await mallory.publish(ELECTION_TOPIC, encode(campaign(MALLORY)))
+                await anyio.sleep(0.25)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(claim)
+            await anyio.sleep(2)
+            await cluster.kill(next(n for n in cluster.nodes if n.node.node_id == master))
+            # The members elect one of themselves; nobody waits for the outsider to lead.
+            await cluster.wait(lambda: len(cluster.masters()) == 1, timeout=30)
+            tg.cancel_scope.cancel()
+        (new,) = cluster.masters()
+        assert new.node.node_id not in (master, MALLORY)
+        await cluster.wait(
+            lambda: all(n.node.election.master == new.node.node_id for n in cluster.alive())
+        )
+
+    with_mallory(tmp_path, body)
+
+
+def test_a_peer_gets_a_bounded_number_of_requests_answered_at_once(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        # The master alone: each command waits for a majority that never comes (10 s).
+        cluster.network.partition({master}, set(follower_ids(cluster, master)))
+        answers: list[object] = []
+
+        async def one(i: int) -> None:
+            envelope = CommandEnvelope(
+                command_id=CommandId(f"slow-{i}"),
+                origin=NodeId(MALLORY),
+                command=AddModelCard(card=forged_card(f"slow-{i}")),
+            )
+            raw = await mallory.request(master, encode(envelope), timeout=30)
+            answers.append(decode_response(raw))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(one, i)
+        refused = [a for a in answers if isinstance(a, Refused)]
+        assert len(refused) == 100 - node_module.MAX_REQUESTS_IN_FLIGHT, answers[:3]
+        cluster.network.heal()
+
+    with_mallory(tmp_path, body)
+
+
+def test_forged_event_batches_and_reports_are_not_applied(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        victim = follower_ids(cluster, master)[0]
+        state = cluster.nodes[0].node.state
+        # A broadcast batch as if mallory were master.
+        forged = EventBatch(
+            events=tuple(
+                IndexedEvent(index=state.last_index + 1 + i, term=HUGE, event=e)
+                for i, e in enumerate(
+                    [ModelCardAdded(card=forged_card("batch")), NodeTimedOut(node_id=victim)]
+                )
+            ),
+            prev_term=state.master.term if state.master else 0,
+        )
+        await mallory.publish(EVENTS_TOPIC, encode(forged))
+        # Reports of facts about others, in its own name and in the victim's.
+        answers = []
+        for origin, events in [
+            (MALLORY, (NodeTimedOut(node_id=victim),)),
+            (MALLORY, (ModelCardAdded(card=forged_card("report")),)),
+            (victim, (NodeTimedOut(node_id=victim),)),
+            (MALLORY, (NodeTelemetry(node_id=victim, hostname="forged", resources=NodeResources(), timestamp=9.0),)),
+        ]:  # fmt: skip
+            envelope = CommandEnvelope(
+                command_id=CommandId(f"c{len(answers)}"),
+                origin=NodeId(origin),
+                command=ReportEvents(events=events),
+            )
+            answers.append(decode_response(await mallory.request(master, encode(envelope))))
+        # A user command in another node's name.
+        envelope = CommandEnvelope(
+            command_id=CommandId("card"),
+            origin=NodeId(victim),
+            command=AddModelCard(card=forged_card("as-victim")),
+        )
+        answers.append(decode_response(await mallory.request(master, encode(envelope))))
+        assert all(isinstance(a, CommandResult) and a.status == 403 for a in answers), answers
+        await anyio.sleep(3)
+        for n in cluster.nodes:
+            assert forged_in(n.node.replica.log, MALLORY) == []
+            assert victim in n.node.state.nodes
+        assert [n.node.node_id for n in cluster.masters()] == [master]
+
+    with_mallory(tmp_path, body)
+
+
+def test_forged_acks_never_count_towards_a_majority(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        followers = follower_ids(cluster, master)
+        master_node = next(n.node for n in cluster.nodes if n.node.node_id == master)
+        # The master alone: without forged acks, nothing it decides can be acknowledged.
+        cluster.network.partition({master}, set(followers))
+
+        async def forge_acks() -> None:
+            while True:
+                state = master_node.state
+                for follower in followers:
+                    ack = Replicated(
+                        node_id=follower,
+                        index=state.last_index,
+                        term=master_node.replica.term_at(state.last_index),
+                    )
+                    answer = decode_response(await mallory.request(master, encode(ack)))
+                    assert isinstance(answer, Refused), answer
+                await anyio.sleep(0.05)
+
+        result: CommandResult | None = None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(forge_acks)
+            card = ModelCard(
+                model_id=ModelId("alone"), family="llama", n_layers=1, hidden_size=8,
+                storage_size_bytes=1,
+            )  # fmt: skip
+            result = await master_node.send_command(AddModelCard(card=card), timeout=30)
+            tg.cancel_scope.cancel()
+        assert result is not None and result.status == 503, result
+        cluster.network.heal()
+
+    with_mallory(tmp_path, body)
+
+
+def test_chunks_are_accepted_only_from_rank_0_of_the_tasks_instance(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        caller, leader = follower_ids(cluster, master)
+        instance = Instance(
+            instance_id=InstanceId("inst"),
+            model_id=ModelId("m"),
+            sharding="pipeline",
+            shards=(
+                ShardAssignment(
+                    node_id=leader,
+                    runner_id=RunnerId("r0"),
+                    rank=0,
+                    world_size=1,
+                    start_layer=0,
+                    end_layer=1,
+                ),
+            ),
+        )
+        master_node = next(n.node for n in cluster.nodes if n.node.node_id == master)
+        assert master_node.master is not None
+        await master_node.master.commit([InstanceCreated(instance=instance)])
+        caller_node = next(n.node for n in cluster.nodes if n.node.node_id == caller)
+        leader_node = next(n.node for n in cluster.nodes if n.node.node_id == leader)
+        await cluster.wait(lambda: "inst" in caller_node.state.instances)
+        stream = caller_node.router.open(TaskId("t"), InstanceId("inst"))
+        forged = ChunkBatch(chunks=(TextChunk(task_id=TaskId("t"), text="forged"),))
+        answer = decode_response(await mallory.request(caller, encode(forged)))
+        assert isinstance(answer, Refused), answer
+        # An honest node that is not rank 0 is refused too.
+        answer = decode_response(await master_node.transport.request(caller, encode(forged)))
+        assert isinstance(answer, Refused), answer
+        await leader_node.deliver_chunk(caller, TextChunk(task_id=TaskId("t"), text="real"))
+        received = stream.receive_nowait()
+        assert isinstance(received, TextChunk) and received.text == "real"
+        with pytest.raises(anyio.WouldBlock):
+            stream.receive_nowait()
+
+    with_mallory(tmp_path, body)
+
+
+def test_a_node_given_garbage_answers_keeps_running(tmp_path: Path) -> None:
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        rng = random.Random(3)
+
+        async def garbage(sender: str, payload: bytes) -> bytes:
+            return rng.randbytes(rng.randint(0, 40))
+
+        mallory.set_request_handler(garbage)
+        follower = next(n for n in cluster.nodes if n.node.node_id != master)
+        # The finding: a follower that took mallory for its master died in its catch-up loop
+        # on the first undecodable answer. Now each is a failed catch-up, nothing more.
+        for _ in range(20):
+            assert await follower.node.sync_from(NodeId(MALLORY)) is False
+        assert all(n.alive for n in cluster.nodes)
+        # And it still follows the master and holds its log.
+        card = ModelCard(
+            model_id=ModelId("after"), family="llama", n_layers=1, hidden_size=8,
+            storage_size_bytes=1,
+        )  # fmt: skip
+        assert (await follower.node.send_command(AddModelCard(card=card))).ok
+        await cluster.wait(lambda: cluster.converged())
+
+    with_mallory(tmp_path, body)
+
+
+def test_catch_up_answers_are_bounded_whatever_the_asker_wants(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(node_module, "MAX_CATCH_UP_EVENTS", 3)
+
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        assert cluster.nodes[0].node.state.last_index >= 5
+        answer = decode_response(
+            await mallory.request(master, encode(CatchUp(start=0, limit=1 << 40)))
+        )
+        assert isinstance(answer, EventBatch) and len(answer.events) == 3, answer
+
+    with_mallory(tmp_path, body)
+
+
+# -- the seeded fuzzer ---------------------------------------------------------------------
+
+# 20 seeds with the key and 3 without (nothing links that peer, so a few suffice), each 15
+# virtual seconds of a few hundred hostile messages: about 1 s of CPU per seed.
+KEYED_SEEDS = 20
+KEYLESS_SEEDS = 3
+FUZZ_SECONDS = 15.0
+
+
+def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
+    """Honest clients and a hostile peer at once, with lossy broadcasts; then the checks."""
+    network = MemoryNetwork(seed=seed, faults=Faults(loss=0.1, duplication=0.1, reorder=0.2))
+    rng = random.Random(seed)
+    acknowledged: list[str] = []
+
+    async def clients(cluster: SimCluster) -> None:
+        sent = 0
+
+        async def one(name: str) -> None:
+            target = rng.choice(cluster.nodes).node
+            card = ModelCard(
+                model_id=ModelId(name), family="llama", n_layers=1, hidden_size=8,
+                storage_size_bytes=1,
+            )  # fmt: skip
+            try:
+                result = await target.send_command(AddModelCard(card=card), timeout=5)
+            except TimeoutError:
+                return
+            if result.ok:
+                acknowledged.append(name)
+
+        async with anyio.create_task_group() as tg:
+            while True:
+                tg.start_soon(one, f"card-{sent}")
+                sent += 1
+                await anyio.sleep(rng.uniform(0.05, 0.3))
+
+    async def body() -> dict[str, int]:
+        async with sim_cluster(root, HONEST, network) as cluster:
+            await formed(cluster)
+            transport = network.transport(MALLORY, network_key="" if keyed else "no key")
+            await transport.start()
+            hostile = HostilePeer(
+                transport,
+                random.Random(seed + 7),
+                honest=lambda: [n.node.node_id for n in cluster.nodes],
+                state=lambda: cluster.nodes[0].node.state,
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(clients, cluster)
+                tg.start_soon(hostile.run)
+                await anyio.sleep(FUZZ_SECONDS)
+                tg.cancel_scope.cancel()
+            await transport.stop()
+            assert all(n.alive for n in cluster.nodes), "an honest node stopped"
+            await cluster.wait(cluster.converged, timeout=60)
+            logs = [list(n.node.replica.log) for n in cluster.nodes]
+            assert all(log == logs[0] for log in logs)
+            assert forged_in(logs[0], MALLORY) == []
+            held = set(cluster.nodes[0].node.state.model_cards)
+            missing = [name for name in acknowledged if name not in held]
+            assert not missing, f"acknowledged but lost: {missing}"
+            assert acknowledged, "the honest clients made no progress"
+            return hostile.sent
+
+    return run_simulation(body)
+
+
+FUZZ_CASES = [
+    *(pytest.param(s, True, id=f"keyed-seed_{s}") for s in range(KEYED_SEEDS)),
+    *(pytest.param(s, False, id=f"keyless-seed_{s}") for s in range(KEYLESS_SEEDS)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("seed", "keyed"), FUZZ_CASES)
+def test_seeded_hostile_peer_stops_nobody_and_forges_nothing(
+    tmp_path: Path, seed: int, keyed: bool
+) -> None:
+    sent = fuzz(tmp_path, seed, keyed)
+    assert sum(sent.values()) > 100, sent
