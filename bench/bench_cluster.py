@@ -2,9 +2,9 @@
 
     uv run python bench/bench_cluster.py [N]
 
-* catch-up: a master holds a log of N events (default 100,000); a late joiner starts, finds
-  it by bootstrap address, and copies the log by request-response in batches; prints the time
-  until its log equals the master's, and events/s;
+* catch-up: a master holds a log of N events (default 100,000), cut behind snapshots; a late
+  joiner starts, finds it by bootstrap address, and copies the master's snapshot and the tail
+  by request-response; prints the time until it holds the master's last index, and events/s;
 * commit latency: commands acknowledged by a majority of two nodes, median and p99.
 Never asserts on time.
 """
@@ -59,6 +59,12 @@ def main(n: int) -> None:
                 print(
                     f"late joiner caught up {target:,} events in {caught_up:.2f}s "
                     f"({target / caught_up:,.0f} events/s, including start and discovery)"
+                )
+                joined = b.node.replica
+                print(
+                    f"  it holds a snapshot to event {joined.first_index - 1:,} and a "
+                    f"{joined.next_index - joined.first_index:,}-event tail "
+                    f"(the master: snapshot every {a.node.replica.snapshot_every:,} events)"
                 )
                 latencies = []
                 for i in range(200):

@@ -34,6 +34,8 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     auto_place: bool = True
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0
+    # Events between snapshots of state; the log is cut behind each snapshot.
+    snapshot_every: int = 10_000
     verbosity: int = 0
     disabled_plugins: list[str] = msgspec.field(default_factory=list)
     # The transport to use: a plugin's name, "memory" for the in-process one, or "" for the

@@ -6,9 +6,11 @@ Refusals raise `CommandRefused` with an HTTP-like status and a message that says
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from exo_core.bodies import without_body
+from exo_core.coalesce import worth_logging
 from exo_core.commands import (
     AddModelCard,
     CancelTask,
@@ -170,7 +172,8 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
                 raise CommandRefused(404, f"unknown instance '{command.task.instance_id}'")
             if command.task.task_id in state.tasks:
                 return Decision([])  # a retried submission
-            return Decision([TaskCreated(task=command.task)])
+            # Request text never enters the log, whoever sent the command.
+            return Decision([TaskCreated(task=without_body(command.task))])
         case CancelTask():
             if command.task_id not in state.tasks:
                 return Decision([])  # already finished: cancelling is idempotent
@@ -186,12 +189,23 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
         case DeleteDownload():
             return Decision([DownloadDeleted(node_id=command.node_id, model_id=command.model_id)])
         case ReportEvents():
-            return Decision(list(command.events))
+            return Decision(news(state, command.events))
 
 
 def _preview(state: State, event: Event) -> State:
     """The state after `event`, for deciding what follows it (the real index comes later)."""
     return apply(state, IndexedEvent(index=state.last_index + 1, term=0, event=event))
+
+
+def news(state: State, reports: Iterable[Event]) -> list[Event]:
+    """The reported events worth logging, each judged against the state the earlier ones
+    leave (see `exo_core.coalesce`)."""
+    kept: list[Event] = []
+    for event in reports:
+        if worth_logging(state, event):
+            kept.append(event)
+            state = _preview(state, event)
+    return kept
 
 
 def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> list[Event]:

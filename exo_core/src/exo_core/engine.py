@@ -46,7 +46,9 @@ class Runner(abc.ABC):
     def generate(self, task: Task) -> AsyncIterator[Chunk]:
         """Run one task. The stream ends with a `FinishChunk` or an `ErrorChunk`.
 
-        On ranks other than 0 of a group the stream carries only the final chunk."""
+        On ranks other than 0 of a group the stream carries only the final chunk, and
+        `task.params` holds no messages, prompt, tools or stop strings: a request's body goes
+        to rank 0 only (see `exo_core.bodies`), which shares what the group needs."""
 
     @abc.abstractmethod
     async def cancel(self, task_id: TaskId) -> None:

@@ -7,6 +7,9 @@ file is cut back to the last whole frame.
 
 `append` returns only after the frames are flushed and fsynced, so an event that was
 acknowledged after `append` survives `kill -9` and power loss alike.
+
+A log may start past index 0: `compact` cuts the events a snapshot holds (see
+`exo_core.snapshot`), and the first frame's index is then the log's `first_index`.
 """
 
 from __future__ import annotations
@@ -38,14 +41,20 @@ class EventLog:
         self._fsync = fsync
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(IndexedEvent)
-        self._offsets: list[int] = []  # byte offset of the frame of each index
+        self._offsets: list[int] = []  # byte offset of the frame of each index from `_first`
+        self._first = 0  # index of the first frame in the file (after compaction)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._end = self._recover()
         self._file = open(path, "ab")  # noqa: SIM115 (kept open for the log's lifetime)
 
     @property
     def next_index(self) -> int:
-        return len(self._offsets)
+        return self._first + len(self._offsets)
+
+    @property
+    def first_index(self) -> int:
+        """The index of the first event still in the log (earlier ones are in a snapshot)."""
+        return self._first
 
     def _recover(self) -> int:
         """Index the frames on disk and cut off a torn tail. Returns the end offset."""
@@ -59,17 +68,19 @@ class EventLog:
             if frame is None:
                 break
             event = self._decoder.decode(frame)
-            if event.index != len(self._offsets):
+            if offset == 0:
+                self._first = event.index
+            if event.index != self.next_index:
                 raise CorruptLog(
                     f"{self.path}: frame at byte {offset} has index {event.index}, "
-                    f"expected {len(self._offsets)}"
+                    f"expected {self.next_index}"
                 )
             self._offsets.append(offset)
             end = offset + _HEADER.size + len(frame)
         if end < len(data):
             logger.warning(
                 f"event log {self.path}: dropped a torn tail of {len(data) - end} bytes "
-                f"after event {len(self._offsets) - 1}"
+                f"after event {self.next_index - 1}"
             )
             with open(self.path, "r+b") as f:
                 f.truncate(end)
@@ -101,11 +112,12 @@ class EventLog:
 
     def read(self, start: int = 0, stop: int | None = None) -> list[IndexedEvent]:
         """Events with `start <= index < stop`."""
+        start = max(start, self._first)
         stop = self.next_index if stop is None else min(stop, self.next_index)
         if start >= stop:
             return []
-        begin = self._offsets[start]
-        end = self._offsets[stop] if stop < self.next_index else self._end
+        begin = self._offsets[start - self._first]
+        end = self._offsets[stop - self._first] if stop < self.next_index else self._end
         with open(self.path, "rb") as f:
             f.seek(begin)
             data = f.read(end - begin)
@@ -113,21 +125,65 @@ class EventLog:
 
     def __iter__(self) -> Iterator[IndexedEvent]:
         batch = 10_000
-        for start in range(0, self.next_index, batch):
+        for start in range(self._first, self.next_index, batch):
             yield from self.read(start, start + batch)
 
     def truncate(self, next_index: int) -> None:
         """Drop every event from `next_index` on (a follower whose tail the master replaced)."""
         if next_index >= self.next_index:
             return
-        self._end = self._offsets[next_index]
-        del self._offsets[next_index:]
+        if next_index < self._first:
+            raise ValueError(f"cannot cut at {next_index}: the log starts at {self._first}")
+        self._end = self._offsets[next_index - self._first]
+        del self._offsets[next_index - self._first :]
         self._file.truncate(self._end)
         self._file.flush()
         os.fsync(self._file.fileno())
 
+    def clear(self, first_index: int = 0) -> None:
+        """Drop every event; the log continues at `first_index` (a snapshot replaced it)."""
+        self._file.truncate(0)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._offsets = []
+        self._end = 0
+        self._first = first_index
+
+    def compact(self, first_index: int) -> None:
+        """Drop every event before `first_index` (a snapshot holds them): the tail is copied to
+        a new file that replaces the log by rename. Past the end, the log becomes empty and
+        continues at `first_index`."""
+        if first_index <= self._first:
+            return
+        keep = first_index - self._first
+        cut = self._offsets[keep] if keep < len(self._offsets) else self._end
+        with open(self.path, "rb") as f:
+            f.seek(cut)
+            tail = f.read(self._end - cut)
+        tmp = self.path.with_name(self.path.name + ".compact")
+        with open(tmp, "wb") as f:
+            f.write(tail)
+            f.flush()
+            os.fsync(f.fileno())
+        self._file.close()
+        os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
+        self._file = open(self.path, "ab")  # noqa: SIM115 (kept open for the log's lifetime)
+        self._offsets = [o - cut for o in self._offsets[keep:]]
+        self._end -= cut
+        self._first = first_index
+
     def close(self) -> None:
         self._file.close()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new file in the directory `path` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _frames(data: bytes) -> Iterator[tuple[int, bytes | None]]:

@@ -93,6 +93,7 @@ class Master:
         index = majority_index(acknowledged)
         if index >= self._first_index and index > self.commit_index:
             self.commit_index = index
+            self._replica.mark_committed(index)
             self._committed.set()
             self._committed = anyio.Event()
 

@@ -19,6 +19,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from loguru import logger
 
+from exo_core.bodies import BodyStore, BodyUnavailable
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
@@ -57,7 +58,8 @@ from exo_core.placement_types import PlacementOption, PlacementRequest
 from exo_core.plugin_host import PluginHost
 from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
-from exo_core.state import State, TaskStatus
+from exo_core.snapshot import Snapshot, SnapshotStore
+from exo_core.state import State, Task, TaskStatus
 from exo_core.telemetry import gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
     PeerDisconnected,
@@ -79,11 +81,14 @@ from exo_core.wire import (
     ChunkBatch,
     Diverged,
     EventBatch,
+    FetchBody,
+    NoBody,
     NotMaster,
     Refused,
     Replicated,
     Request,
     Response,
+    TaskBody,
     Vote,
     VoteRequest,
     decode_broadcast,
@@ -132,9 +137,14 @@ class Node:
         data.mkdir(parents=True, exist_ok=True)
         self.transport = transport or self._make_transport(data)
         self.node_id = NodeId(self.transport.node_id)
-        self.replica = Replica(EventLog(data / "events.log"))
+        self.replica = Replica(
+            EventLog(data / "events.log"),
+            SnapshotStore(data / "snapshot.bin"),
+            snapshot_every=config.snapshot_every,
+        )
         self.votes = VoteBook(data / "vote.json")
         self.router = ChunkRouter()
+        self.bodies = BodyStore()
         self.engines: list[Engine] = _flatten(plugins.hook.exo_engines(config=config))
         self.downloader: Downloader | None = plugins.hook.exo_downloader(
             config=config, node_id=self.node_id
@@ -177,6 +187,7 @@ class Node:
                 all_cards=self.cards,
                 send_command=self.send_command,
                 send_chunk=self.deliver_chunk,
+                fetch_body=self.fetch_body,
                 models_dir=config.models_dir,
                 data_dir=data,
             )
@@ -258,6 +269,31 @@ class Node:
             return
         await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
 
+    async def fetch_body(self, task: Task) -> GenerationParams:
+        """The body of a task this node runs rank 0 of, from the node that holds the request."""
+        origin = task.origin_node
+        try:
+            if origin == self.node_id:
+                return self.bodies.lend(task.task_id, self.node_id, self.state)
+            raw = await self.transport.request(
+                origin, encode(FetchBody(task_id=task.task_id)), timeout=30
+            )
+            answer = self._decode_answer(origin, raw)
+        except TransportError as e:
+            raise BodyUnavailable(
+                f"could not fetch the request of task {task.task_id} from node {origin}: {e}"
+            ) from e
+        except BodyUnavailable as e:
+            raise BodyUnavailable(
+                f"the request of task {task.task_id} is not available: {e}"
+            ) from e
+        if isinstance(answer, TaskBody) and answer.task_id == task.task_id:
+            return answer.params
+        reason = answer.reason if isinstance(answer, NoBody) else f"unexpected answer {answer!r}"
+        raise BodyUnavailable(
+            f"node {origin} did not hand over the request of task {task.task_id}: {reason}"
+        )
+
     def spawn(self, job: Callable[[], Coroutine[Any, Any, Any]]) -> None:
         """Run `job` in the background for as long as the node runs (for plugins' hooks)."""
         if self._tg is None:
@@ -323,9 +359,15 @@ class Node:
             return  # we voted for a newer term: this master is deposed
         outcome = self.replica.ingest(batch.events, batch.prev_term)
         if outcome == Ingested.UP_TO_DATE:
+            self._learn_committed(batch)
             self._acknowledge()
         else:
             self._catch_up_wanted.set()
+
+    def _learn_committed(self, batch: EventBatch) -> None:
+        """Our log matches the sender's through the batch: what it knows committed there is."""
+        if batch.events:
+            self.replica.mark_committed(min(batch.committed, batch.events[-1].index))
 
     def _acknowledge(self) -> None:
         """Tell the master how far our durable log matches its own (it counts a majority)."""
@@ -378,8 +420,12 @@ class Node:
             case CatchUp(start=start, prev_term=prev_term, limit=limit):
                 if start > 0 and self.replica.term_at(start - 1) != prev_term:
                     return encode(Diverged())
+                if start < self.replica.first_index and self.replica.snapshot is not None:
+                    return encode(self.replica.snapshot)
                 events = self.replica.log.read(start, start + min(limit, MAX_CATCH_UP_EVENTS))
-                return encode_catch_up(events, prev_term, MAX_CATCH_UP_BYTES)
+                return encode_catch_up(
+                    events, prev_term, MAX_CATCH_UP_BYTES, committed=self.replica.committed
+                )
             case Replicated(index=index, term=term):
                 refusal = speaks_for_itself(sender, request)
                 if refusal is not None:
@@ -398,6 +444,12 @@ class Node:
                 for chunk in chunks:
                     self.router.deliver(chunk)
                 return encode(Ack())
+            case FetchBody(task_id=task_id):
+                try:
+                    params = self.bodies.lend(task_id, NodeId(sender), self.state)
+                except BodyUnavailable as e:
+                    return encode(NoBody(reason=str(e)))
+                return encode(TaskBody(task_id=task_id, params=params))
             case _:
                 return self._refused(sender, f"unexpected request {type(request).__name__}")
 
@@ -451,10 +503,18 @@ class Node:
                 if isinstance(answer, Diverged):
                     self.replica.truncate(self.replica.divergence_point())
                     continue
+                if isinstance(answer, Snapshot):
+                    if answer.next_index <= start:
+                        return False  # nothing we miss: not an answer to our question
+                    self.replica.install(answer)
+                    continue
                 if not isinstance(answer, EventBatch) or not answer.events:
                     return True
-                if self.replica.ingest(answer.events, answer.prev_term) == Ingested.DIVERGED:
+                outcome = self.replica.ingest(answer.events, answer.prev_term)
+                if outcome == Ingested.DIVERGED:
                     self.replica.truncate(self.replica.divergence_point())
+                elif outcome == Ingested.UP_TO_DATE:
+                    self._learn_committed(answer)
         return False
 
     # -- election -----------------------------------------------------------------------------

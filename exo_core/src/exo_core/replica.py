@@ -5,6 +5,11 @@ next index, buffers what comes early and ignores what it has already seen. Each 
 the term of the master that indexed it, and each batch the term of the event just before it:
 a follower whose log does not match there holds events that no longer count (from a master
 that lost its place) and must cut them off and catch up.
+
+Every `snapshot_every` events the replica remembers its state; once it learns that the index
+of that state is committed (held by a majority, so never cut again), it writes the state as a
+snapshot beside the log and cuts the log behind it. A restart loads the snapshot and replays
+the tail; a peer whose log ends before ours starts receives the snapshot (`install`).
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ from enum import Enum
 import anyio
 from loguru import logger
 
-from exo_core.eventlog import EventLog
+from exo_core.eventlog import CorruptLog, EventLog
 from exo_core.events import IndexedEvent
 from exo_core.reducer import apply
+from exo_core.snapshot import Snapshot, SnapshotStore
 from exo_core.state import State
+from exo_core.term_history import TermHistory
 
 Listener = Callable[[IndexedEvent, State], None]
+SNAPSHOT_EVERY = 10_000
 
 
 class Ingested(Enum):
@@ -33,23 +41,59 @@ class Ingested(Enum):
 
 
 class Replica:
-    def __init__(self, log: EventLog) -> None:
+    def __init__(
+        self,
+        log: EventLog,
+        snapshots: SnapshotStore | None = None,
+        *,
+        snapshot_every: int = SNAPSHOT_EVERY,
+    ) -> None:
         self.log = log
+        self.snapshots = snapshots or SnapshotStore(log.path.with_name("snapshot.bin"))
+        self.snapshot_every = snapshot_every
+        # The snapshot the log continues (None: the log starts at index 0).
+        self.snapshot: Snapshot | None = None
+        # The highest index known to be on a majority of the cluster.
+        self.committed = -1
+        # Our state at an index not yet known to be committed: the next snapshot.
+        self._candidate: Snapshot | None = None
         self.state = State()
-        self._terms: list[int] = []  # term of each event in the log, by index
+        self._terms = TermHistory()
         self._early: dict[int, tuple[IndexedEvent, int]] = {}  # index -> (event, prev term)
         self._listeners: list[Listener] = []
         self._changed = anyio.Event()
         started = time.perf_counter()
-        self._rebuild()
-        if log.next_index:
+        self._load()
+        if self.next_index:
             logger.info(
-                f"replayed {log.next_index} events from {log.path} "
-                f"in {time.perf_counter() - started:.2f}s"
+                f"loaded {self.next_index} events ({log.next_index - log.first_index} replayed "
+                f"from {log.path}) in {time.perf_counter() - started:.2f}s"
             )
 
+    def _load(self) -> None:
+        snapshot = self.snapshots.load()
+        if snapshot is not None:
+            if self.log.first_index > snapshot.next_index:
+                raise CorruptLog(
+                    f"{self.log.path} starts at {self.log.first_index}, after the snapshot's "
+                    f"last event {snapshot.last_index}"
+                )
+            held = self.log.read(snapshot.last_index, snapshot.next_index)
+            if held and held[0].term != snapshot.last_term:
+                self.log.clear(snapshot.next_index)  # a tail from a history the snapshot replaced
+            self.log.compact(snapshot.next_index)  # a crash may have come before the cut
+            self.snapshot = snapshot
+            self.committed = snapshot.last_index
+        elif self.log.first_index > 0:
+            raise CorruptLog(f"{self.log.path} starts at {self.log.first_index} without a snapshot")
+        self._rebuild()
+
     def _rebuild(self) -> None:
-        state, terms = State(), []
+        """The state of the snapshot, then every event of the log."""
+        if self.snapshot is not None:
+            state, terms = self.snapshot.state, self.snapshot.history()
+        else:
+            state, terms = State(), TermHistory()
         for event in self.log:
             state = apply(state, event)
             terms.append(event.term)
@@ -57,25 +101,27 @@ class Replica:
 
     @property
     def next_index(self) -> int:
-        return len(self._terms)
+        return self._terms.next_index
+
+    @property
+    def first_index(self) -> int:
+        """The first index still in the log; earlier events are only in the snapshot."""
+        return self.log.first_index
 
     @property
     def last_term(self) -> int:
-        return self._terms[-1] if self._terms else 0
+        return self._terms.last_term
 
     def term_at(self, index: int) -> int:
         """The term of the event at `index`; 0 before the first event; -1 past the end."""
-        if index < 0:
-            return 0
-        return self._terms[index] if index < len(self._terms) else -1
+        return self._terms.term_at(index)
 
     def divergence_point(self) -> int:
-        """Where to cut after a mismatch: the first index of our last term."""
-        term = self.last_term
-        index = self.next_index
-        while index > 0 and self._terms[index - 1] == term:
-            index -= 1
-        return index
+        """Where to cut after a mismatch: the first index of our last term, but not what we
+        know is committed. With nothing above that left to cut, our committed events are
+        another cluster's (two clusters that formed apart), and their whole term goes."""
+        point = max(self._terms.last_run_start(), self.committed + 1)
+        return point if point < self.next_index else self._terms.last_run_start()
 
     def listen(self, listener: Listener) -> Callable[[], None]:
         """Call `listener` after each applied event. Returns a function that unsubscribes."""
@@ -122,6 +168,47 @@ class Replica:
                     listener(event, self.state)
                 except Exception:
                     logger.exception(f"event listener failed on event {event.index}")
+        base = self.snapshot.last_index if self.snapshot is not None else -1
+        if self._candidate is None and self.state.last_index - base >= self.snapshot_every:
+            self._candidate = Snapshot(state=self.state, terms=self._terms.runs())
+            self._snapshot_if_committed()
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    # -- snapshots ----------------------------------------------------------------------------
+
+    def mark_committed(self, index: int) -> None:
+        """Every event up to `index` of our log is on a majority of the cluster."""
+        index = min(index, self.state.last_index)
+        if index > self.committed:
+            self.committed = index
+            self._snapshot_if_committed()
+
+    def _snapshot_if_committed(self) -> None:
+        candidate = self._candidate
+        if candidate is None or candidate.last_index > self.committed:
+            return
+        self._candidate = None
+        started = time.perf_counter()
+        self.snapshots.save(candidate)
+        self.log.compact(candidate.next_index)
+        self.snapshot = candidate
+        logger.debug(
+            f"snapshot at event {candidate.last_index}, log cut behind it "
+            f"in {(time.perf_counter() - started) * 1e3:.1f} ms"
+        )
+
+    def install(self, snapshot: Snapshot) -> None:
+        """Take a peer's snapshot in place of everything we hold: our log ends before it (or
+        diverged from the cluster's), and the peer has cut the events we miss."""
+        logger.info(f"installing a snapshot at event {snapshot.last_index}")
+        self.snapshots.save(snapshot)
+        self.log.clear(snapshot.next_index)
+        self.snapshot = snapshot
+        self.state, self._terms = snapshot.state, snapshot.history()
+        self.committed = max(self.committed, snapshot.last_index)
+        self._candidate = None
+        self._early.clear()
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -132,7 +219,18 @@ class Replica:
         logger.warning(
             f"dropping {self.next_index - next_index} uncommitted events from {next_index}"
         )
-        self.log.truncate(next_index)
+        if self._candidate is not None and self._candidate.last_index >= next_index:
+            self._candidate = None
+        if next_index < self.log.first_index:
+            # Only a log of another cluster diverges inside a snapshot (two clusters that
+            # formed apart): drop it all and take the master's snapshot and log.
+            logger.warning("our snapshot holds events the cluster does not: starting over")
+            self.log.clear(0)
+            self.snapshots.delete()
+            self.snapshot = None
+            self.committed = -1
+        else:
+            self.log.truncate(next_index)
         self._early.clear()
         self._rebuild()
         self._changed.set()

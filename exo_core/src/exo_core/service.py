@@ -14,6 +14,7 @@ import anyio
 import msgspec
 from loguru import logger
 
+from exo_core.bodies import without_body
 from exo_core.commands import CancelTask, PlaceInstance, SubmitTask
 from exo_core.generation import (
     Chunk,
@@ -138,11 +139,12 @@ class GenerationService:
             params=params,
         )
         chunks = node.router.open(task.task_id, instance_id)
+        node.bodies.hold(task)  # rank 0 fetches it from here; the log never sees it
         parser = node.parser_for(card, params)
         done = False
         called_tools = False
         try:
-            result = await node.send_command(SubmitTask(task=task))
+            result = await node.send_command(SubmitTask(task=without_body(task)))
             if not result.ok:
                 done = True
                 yield ErrorChunk(task_id=task.task_id, message=result.message)
@@ -176,6 +178,7 @@ class GenerationService:
                     return
         finally:
             node.router.close(task.task_id)
+            node.bodies.release(task.task_id)
             if not done:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                     try:

@@ -8,8 +8,9 @@ import msgspec
 
 from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.events import IndexedEvent
-from exo_core.generation import Chunk
-from exo_core.ids import NodeId
+from exo_core.generation import Chunk, GenerationParams
+from exo_core.ids import NodeId, TaskId
+from exo_core.snapshot import Snapshot
 
 EVENTS_TOPIC = "exo/events"
 ELECTION_TOPIC = "exo/election"
@@ -38,7 +39,9 @@ class EventBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 class CatchUp(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Ask for the events from `start` on (at most `limit`); `prev_term` is the asker's term at
-    `start - 1`, so the answer can say when the asker's log diverges."""
+    `start - 1`, so the answer can say when the asker's log diverges. When the answering node
+    has cut `start` from its log, it answers its `Snapshot` instead, and the asker continues
+    after it."""
 
     start: Count
     prev_term: Count = 0
@@ -80,6 +83,23 @@ class ChunkBatch(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     chunks: Annotated[tuple[Chunk, ...], msgspec.Meta(max_length=1024)]
 
 
+class FetchBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Data plane: rank 0 of a task's instance asks the task's origin node for its body."""
+
+    task_id: TaskId
+
+
+class TaskBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    task_id: TaskId
+    params: GenerationParams
+
+
+class NoBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """The origin node does not hand out the body (no caller waits for it, or not to you)."""
+
+    reason: str
+
+
 class Ack(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     pass
 
@@ -117,8 +137,19 @@ class Campaign(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     voted_for: NodeId | None = None
 
 
-Request = CommandEnvelope | CatchUp | ChunkBatch | Replicated | VoteRequest
-Response = CommandResult | EventBatch | Ack | NotMaster | Diverged | Vote | Refused
+Request = CommandEnvelope | CatchUp | ChunkBatch | FetchBody | Replicated | VoteRequest
+Response = (
+    CommandResult
+    | EventBatch
+    | Snapshot
+    | TaskBody
+    | NoBody
+    | Ack
+    | NotMaster
+    | Diverged
+    | Vote
+    | Refused
+)
 Broadcast = EventBatch | Campaign
 
 encode = msgspec.msgpack.Encoder().encode
@@ -127,11 +158,13 @@ decode_response = msgspec.msgpack.Decoder(Response).decode
 decode_broadcast = msgspec.msgpack.Decoder(Broadcast).decode
 
 
-def encode_catch_up(events: list[IndexedEvent], prev_term: int, max_bytes: int) -> bytes:
+def encode_catch_up(
+    events: list[IndexedEvent], prev_term: int, max_bytes: int, committed: int = -1
+) -> bytes:
     """A catch-up answer of the first of `events` that fit in `max_bytes` (at least one: the
     asker must make progress); the asker asks again for the rest."""
     while True:
-        raw = encode(EventBatch(events=tuple(events), prev_term=prev_term))
+        raw = encode(EventBatch(events=tuple(events), prev_term=prev_term, committed=committed))
         if len(raw) <= max_bytes or len(events) <= 1:
             return raw
         events = events[: len(events) // 2]

@@ -20,7 +20,7 @@ from exo_core.commands import Command, CommandResult, DeleteInstance, ReportEven
 from exo_core.downloads import Downloader, DownloadFailed
 from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec
 from exo_core.events import DownloadProgressed, Event, RunnerStatusChanged, TaskStatusChanged
-from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason
+from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason, GenerationParams
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import ModelCard
 from exo_core.replica import Replica
@@ -53,6 +53,7 @@ _STARTED = frozenset(
 
 SendCommand = Callable[[Command], Awaitable[CommandResult]]
 SendChunk = Callable[[NodeId, Chunk], Awaitable[None]]
+FetchBody = Callable[[Task], Awaitable[GenerationParams]]
 CardLookup = Callable[[ModelId], ModelCard | None]
 
 
@@ -86,6 +87,7 @@ class Worker:
         send_chunk: SendChunk,
         models_dir: Path,
         data_dir: Path,
+        fetch_body: FetchBody | None = None,
     ) -> None:
         self.node_id = node_id
         self._replica = replica
@@ -95,6 +97,7 @@ class Worker:
         self._all_cards = all_cards
         self._send_command = send_command
         self._send_chunk = send_chunk
+        self._fetch_body = fetch_body
         self._models_dir = models_dir
         self._data_dir = data_dir
         self._locals: dict[RunnerId, _Local] = {}
@@ -333,6 +336,9 @@ class Worker:
         final: Chunk | None = None
         try:
             with scope:
+                if leader and self._fetch_body is not None:
+                    # The log holds no request text: rank 0 gets it from the caller's node.
+                    task = msgspec.structs.replace(task, params=await self._fetch_body(task))
                 await local.ready.wait()
                 runner = local.runner
                 if runner is None:

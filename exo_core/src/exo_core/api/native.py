@@ -69,7 +69,10 @@ class NativeController(Controller):
 
     @get("/events")
     async def events(self, node: Node, since: int = 0) -> ServerSentEvent:
-        """Indexed events from `since` on, then live, as server-sent events (id = index)."""
+        """Indexed events from `since` on, then live, as server-sent events (id = index).
+
+        Events the log has cut behind a snapshot come as one `snapshot` message instead: the
+        state after them (id = the index of the last event it holds)."""
         if since < 0:
             raise ValidationException("since must not be negative")
 
@@ -78,6 +81,15 @@ class NativeController(Controller):
             replica = node.replica
             while True:
                 while cursor < replica.next_index:
+                    snapshot = replica.snapshot
+                    if cursor < replica.first_index and snapshot is not None:
+                        yield ServerSentEventMessage(
+                            data=msgspec.json.encode(snapshot.state).decode(),
+                            event="snapshot",
+                            id=str(snapshot.last_index),
+                        )
+                        cursor = snapshot.next_index
+                        continue
                     for event in replica.log.read(cursor, cursor + 1000):
                         yield ServerSentEventMessage(
                             data=msgspec.json.encode(event).decode(),

@@ -66,6 +66,8 @@ def script(card: ModelCard, params: GenerationParams) -> str:
     """The full text the scripted model produces for a request."""
     if params.prompt is not None and not params.messages:
         return f"echo: {params.prompt}"
+    if not params.messages:
+        return "echo:"  # a rank other than 0 of a group: the body went to rank 0 only
     last = params.messages[-1]
     prefix = "<think>pondering</think>" if card.has(Capability.THINKING) else ""
     if last.role == "tool":

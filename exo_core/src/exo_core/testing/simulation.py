@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -46,8 +46,10 @@ class SimCluster:
         tg: TaskGroup,
         plugins: Callable[[int], list[object]],
         timing: ElectionTiming,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.root = root
+        self._config = config or {}
         self.network = network
         self._tg = tg
         self._plugins = plugins
@@ -63,6 +65,7 @@ class SimCluster:
             api=False,
             transport="memory",
             listen_host="127.0.0.1",
+            **self._config,
         )
         node = Node(
             config,
@@ -111,9 +114,11 @@ async def sim_cluster(
     network: MemoryNetwork,
     plugins: Callable[[int], list[object]] = lambda i: [],
     timing: ElectionTiming = ElectionTiming(heartbeat=0.5, timeout=2.0, settle=1.0),
+    **config: Any,
 ) -> AsyncIterator[SimCluster]:
+    """`count` nodes; `config` holds `NodeConfig` fields for every node."""
     async with anyio.create_task_group() as tg:
-        cluster = SimCluster(root, network, tg, plugins, timing)
+        cluster = SimCluster(root, network, tg, plugins, timing, config)
         for i in range(count):
             await cluster.start(i)
         try:
