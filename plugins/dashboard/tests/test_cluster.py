@@ -3,7 +3,7 @@
 Three nodes (so that a majority remains when one dies): the view shows them and the master,
 launching SmolLM2 from the page places an instance whose runner turns ready in the page, a chat
 streams and Stop cancels it (its task leaves the cluster state), `?q=` sends a message, and a
-killed node is shown as not reporting, then leaves the view. Screenshots (desktop and phone) go to artifacts/dashboard/.
+killed node leaves the view. Screenshots (desktop and phone) go to artifacts/dashboard/.
 """
 
 from __future__ import annotations
@@ -119,11 +119,10 @@ def test_a_cluster_launch_chat_stop_and_a_node_leaving(tmp_path: Path, open_page
         phone.screenshot("chat-phone")
         phone.assert_clean()
 
-        # A node dies: it goes quiet in the view, then the master times it out and it leaves.
+        # A node dies: the master times it out and it leaves the view.
         third_id = third.get("/node_id")["node_id"]
         third.kill(signal.SIGKILL)
         gone = page.locator(f'.node-card[data-node-id="{third_id}"]')
-        expect(gone).to_contain_text("not reporting", timeout=60_000)
         expect(gone).to_have_count(0, timeout=90_000)
         expect(cards).to_have_count(2)
         watched.assert_clean()

@@ -124,6 +124,11 @@ def test_the_page_applies_events_as_the_node_does(node: RunningNode, open_page: 
             const controller = new AbortController();
             const response = await fetch("/events?since=0", { signal: controller.signal });
             await readEvents(response, (message) => {
+                if (message.event === "snapshot") {
+                    replayed = JSON.parse(message.data);
+                    if (replayed.last_index >= state.last_index) controller.abort();
+                    return;
+                }
                 const indexed = JSON.parse(message.data);
                 if (indexed.index > state.last_index) return;
                 replayed = applyEvent(replayed, indexed);

@@ -5,9 +5,11 @@ import { formatBytes, formatDuration, h, progressBar, render, shortId, toast } f
 import { isReady, nodeName } from "./model.js";
 
 const SVG = "http://www.w3.org/2000/svg";
-// A node that has not reported for this long is shown as quiet (the master times nodes out
-// after 30 s of silence; telemetry comes every 5 s).
-const QUIET_AFTER_S = 12;
+// A node whose last logged report is older than this is shown as quiet. The master logs a
+// node's telemetry when it changes or at least every 60 s (exo_core/coalesce.py), and times
+// out a node silent for 30 s; a cluster without a majority cannot, so its dead nodes stay in
+// state, and this is how the page shows them.
+const QUIET_AFTER_S = 75;
 
 const STATUS_WORDS = {
   pending: "pending",

@@ -1,5 +1,5 @@
 // The cluster state as the node sees it: one GET /state, then every event from /events applied
-// in order (the same rules as exo_core/reducer.py). An event this page does not know, or a gap
+// in order (the same rules as exo_core/reducer.py); a `snapshot` message replaces the state. An event this page does not know, or a gap
 // in the indexes, makes it fetch the state again. When the node cannot be reached the store
 // says so (`reachable`) and keeps retrying; it resynchronises when the node is back.
 
@@ -151,7 +151,17 @@ export class ClusterStore {
     const reading = readEvents(
       response,
       (message) => {
-        if (stale || message.event !== "event") return;
+        if (stale) return;
+        if (message.event === "snapshot") {
+          // Events the log has cut come as the state after them.
+          const snapshot = JSON.parse(message.data);
+          if (snapshot.last_index > this.state.last_index) {
+            this.state = snapshot;
+            this.notify();
+          }
+          return;
+        }
+        if (message.event !== "event") return;
         const indexed = JSON.parse(message.data);
         if (indexed.index <= this.state.last_index) return;
         const next = applyEvent(this.state, indexed);
