@@ -70,6 +70,7 @@ def test_card_from_an_mlx_llama_config() -> None:
     assert card == ModelCard(
         model_id=card.model_id,
         family="llama",
+        model_type="llama",
         n_layers=16,
         hidden_size=2048,
         num_key_value_heads=8,

@@ -14,6 +14,7 @@ from loguru import logger
 
 from exo_core import cluster_key
 from exo_core.config import NodeConfig, default_data_dir
+from exo_core.datadir import DataDirInUse, DataDirLock
 from exo_core.logs import setup_logging
 from exo_core.plugin_host import PluginHost, load_plugins
 
@@ -126,6 +127,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command:
         return int(args.func(args) or 0)
     config = config_from_args(args)
+    try:
+        # First of all, before logs, the event log or any runner: one exo per data directory.
+        lock = DataDirLock(config.data_path)
+    except DataDirInUse as e:
+        print(f"exo: {e}", file=sys.stderr)
+        return 1
     setup_logging(config.verbosity, config.data_path)
     try:
         config = with_cluster_key(config, args.cluster_key, args.no_cluster_key)
@@ -137,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from exo_core.server import run_node
 
     try:
-        anyio.run(run_node, config, plugins)
+        anyio.run(run_node, config, plugins, lock)
     except KeyboardInterrupt:
         pass
     except Exception as e:

@@ -24,6 +24,7 @@ from exo_core.commands import (
 )
 from exo_core.events import (
     DownloadDeleted,
+    DownloadProgressed,
     Event,
     IndexedEvent,
     InstanceCreated,
@@ -36,6 +37,7 @@ from exo_core.events import (
 )
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, new_id
 from exo_core.model_cards import ModelCard
+from exo_core.paths import model_id_problem
 from exo_core.placement import replacement_options
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.reducer import apply
@@ -44,6 +46,8 @@ from exo_core.state import Instance, NodeInfo, ShardAssignment, State, TaskStatu
 # Ring ports of runner groups: RING_PORT_BASE .. RING_PORT_BASE + RING_PORT_SPAN - 1.
 RING_PORT_BASE = 30100
 RING_PORT_SPAN = 2000
+# A card's source naming a hub repo: `hf:<repo>[@<revision>]` (the repo becomes a directory).
+HUB_SOURCE = "hf:"
 
 
 class CommandRefused(Exception):
@@ -137,7 +141,51 @@ def build_instance(state: State, option: PlacementOption, instance_id: InstanceI
     )
 
 
+def _unsafe_id(command: Command) -> str | None:
+    """Why the command names a model that must never become a path, or None.
+
+    Model ids become directory names on every node (a `DeleteDownload` removes one), so the
+    master refuses unsafe ones from any API node or peer; nodes check again before acting."""
+    match command:
+        case PlaceInstance(model_id=model_id) | DeleteDownload(model_id=model_id):
+            names = [model_id]
+        case RemoveModelCard(model_id=model_id):
+            names = [model_id]
+        case AddModelCard(card=card):
+            names = _card_names(card)
+        case ReportEvents(events=events):
+            names = [name for event in events for name in _event_names(event)]
+        case _:
+            names = []
+    for name in names:
+        if (problem := model_id_problem(name)) is not None:
+            return f"'{name}' is not a valid model id: {problem}"
+    return None
+
+
+def _card_names(card: ModelCard) -> list[str]:
+    names: list[str] = [card.model_id]
+    if card.source.startswith(HUB_SOURCE):
+        names.append(card.source[len(HUB_SOURCE) :].partition("@")[0])
+    return names
+
+
+def _event_names(event: Event) -> list[str]:
+    """Model ids in an event a node reports (a reported deletion is acted on like a command)."""
+    match event:
+        case DownloadDeleted(model_id=model_id) | ModelCardRemoved(model_id=model_id):
+            return [model_id]
+        case DownloadProgressed(progress=progress):
+            return [progress.model_id]
+        case ModelCardAdded(card=card):
+            return _card_names(card)
+        case _:
+            return []
+
+
 def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
+    if (problem := _unsafe_id(command)) is not None:
+        raise CommandRefused(422, problem)
     match command:
         case PlaceInstance():
             card = ctx.card(command.model_id)

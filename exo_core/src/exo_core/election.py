@@ -135,6 +135,16 @@ class Election:
                 )
                 await self._step_down()
                 await self._set_following(best_master)
+                return
+            voted = max(others, key=lambda c: c.voted_term, default=None)
+            if voted is not None and voted.voted_term > me.term:
+                # That node voted in a newer term and so no longer acknowledges ours: nothing
+                # could commit. Step down so that an election picks a term after its vote.
+                logger.info(
+                    f"stepping down: {voted.node_id} voted in term {voted.voted_term}, "
+                    f"after ours ({me.term})"
+                )
+                await self._step_down()
             return
         if best_master and best_master.term >= max(self.term, me.term):
             if self.master != best_master.node_id or self.term != best_master.term:

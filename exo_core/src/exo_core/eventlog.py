@@ -10,6 +10,12 @@ acknowledged after `append` survives `kill -9` and power loss alike.
 
 A log may start past index 0: `compact` cuts the events a snapshot holds (see
 `exo_core.snapshot`), and the first frame's index is then the log's `first_index`.
+
+A write or fsync that fails (a full disk, a file size limit, an I/O error) may have left part
+of its frames in the file. `append` then cuts the file back to the last whole frame before it
+raises `LogWriteFailed`, so the next append continues a clean log and the in-memory offsets
+always match the file. When even that cut fails, the log refuses every later append (the torn
+tail is dropped by the next open).
 """
 
 from __future__ import annotations
@@ -23,6 +29,13 @@ from pathlib import Path
 import msgspec
 from loguru import logger
 
+from exo_core.durable import (
+    crash_point,
+    crash_points_enabled,
+    fsync_dir,
+    replace_durably,
+    write_all,
+)
 from exo_core.events import IndexedEvent
 
 _HEADER = struct.Struct("<II")
@@ -31,6 +44,10 @@ MAX_FRAME = 64 * 1024 * 1024
 
 class CorruptLog(RuntimeError):
     """The log's indices are not consecutive: not a torn tail, but a broken file."""
+
+
+class LogWriteFailed(OSError):
+    """An append did not reach the disk; its events are not in the log (nor acknowledged)."""
 
 
 class EventLog:
@@ -45,7 +62,10 @@ class EventLog:
         self._first = 0  # index of the first frame in the file (after compaction)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._end = self._recover()
-        self._file = open(path, "ab")  # noqa: SIM115 (kept open for the log's lifetime)
+        # Unbuffered: a failed write leaves nothing behind in a buffer for the next to flush.
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        # Why appends are refused, once a failed append could not be cut back.
+        self._unwritable: str | None = None
 
     @property
     def next_index(self) -> int:
@@ -60,6 +80,7 @@ class EventLog:
         """Index the frames on disk and cut off a torn tail. Returns the end offset."""
         if not self.path.exists():
             self.path.touch()
+            fsync_dir(self.path.parent)  # the new file's name must survive a power loss too
             return 0
         end = 0
         with open(self.path, "rb") as f:
@@ -103,12 +124,44 @@ class EventLog:
             expected += 1
         if not buffer:
             return
-        self._file.write(buffer)
-        self._file.flush()
-        if self._fsync:
-            os.fsync(self._file.fileno())
+        if self._unwritable is not None:
+            raise LogWriteFailed(self._unwritable)
+        crash_point("log-append", self.path)
+        try:
+            if crash_points_enabled():  # the simulation may crash us with a frame half written
+                half = len(buffer) // 2
+                write_all(self._fd, buffer[:half])
+                crash_point("log-torn", self.path)
+                write_all(self._fd, buffer[half:])
+            else:
+                write_all(self._fd, buffer)
+            crash_point("log-written", self.path)
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as e:
+            self._cut_back(e)
+            raise LogWriteFailed(
+                f"event log {self.path}: appending events {self.next_index}..{expected - 1} "
+                f"failed ({e}); they are not in the log"
+            ) from e
         self._end += len(buffer)
         self._offsets.extend(new_offsets)
+
+    def _cut_back(self, error: OSError) -> None:
+        """Drop whatever a failed append left after the last whole frame."""
+        try:
+            os.ftruncate(self._fd, self._end)
+            if self._fsync:
+                os.fsync(self._fd)
+        except OSError as again:
+            self._unwritable = (
+                f"event log {self.path}: an append failed ({error}) and its partial frame "
+                f"could not be cut off ({again}); no more events are accepted. Free disk "
+                "space and restart exo (the torn frame is dropped on open)"
+            )
+            logger.critical(self._unwritable)
+        else:
+            logger.error(f"event log {self.path}: an append failed ({error}); cut back")
 
     def read(self, start: int = 0, stop: int | None = None) -> list[IndexedEvent]:
         """Events with `start <= index < stop`."""
@@ -134,17 +187,16 @@ class EventLog:
             return
         if next_index < self._first:
             raise ValueError(f"cannot cut at {next_index}: the log starts at {self._first}")
-        self._end = self._offsets[next_index - self._first]
+        end = self._offsets[next_index - self._first]
+        os.ftruncate(self._fd, end)
+        os.fsync(self._fd)
+        self._end = end
         del self._offsets[next_index - self._first :]
-        self._file.truncate(self._end)
-        self._file.flush()
-        os.fsync(self._file.fileno())
 
     def clear(self, first_index: int = 0) -> None:
         """Drop every event; the log continues at `first_index` (a snapshot replaced it)."""
-        self._file.truncate(0)
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        os.ftruncate(self._fd, 0)
+        os.fsync(self._fd)
         self._offsets = []
         self._end = 0
         self._first = first_index
@@ -160,30 +212,17 @@ class EventLog:
         with open(self.path, "rb") as f:
             f.seek(cut)
             tail = f.read(self._end - cut)
-        tmp = self.path.with_name(self.path.name + ".compact")
-        with open(tmp, "wb") as f:
-            f.write(tail)
-            f.flush()
-            os.fsync(f.fileno())
-        self._file.close()
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
-        self._file = open(self.path, "ab")  # noqa: SIM115 (kept open for the log's lifetime)
+        replace_durably(self.path, tail)
+        os.close(self._fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
         self._offsets = [o - cut for o in self._offsets[keep:]]
         self._end -= cut
         self._first = first_index
 
     def close(self) -> None:
-        self._file.close()
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new file in the directory `path` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _frames(data: bytes) -> Iterator[tuple[int, bytes | None]]:

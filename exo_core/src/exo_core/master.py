@@ -16,6 +16,7 @@ from loguru import logger
 
 from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.decide import CommandRefused, MasterContext, decide
+from exo_core.eventlog import LogWriteFailed
 from exo_core.events import Event, IndexedEvent, MasterElected
 from exo_core.ids import CommandId, NodeId
 from exo_core.replica import Replica
@@ -150,7 +151,10 @@ class Master:
             decision = decide(self._replica.state, envelope.command, self._ctx)
         except CommandRefused as e:
             return CommandResult(command_id=envelope.command_id, status=e.status, message=e.message)
-        last = await self._append(decision.events)
+        try:
+            last = await self._append(decision.events)
+        except LogWriteFailed as e:  # a full disk: refuse this command, keep serving
+            return CommandResult(command_id=envelope.command_id, status=507, message=str(e))
         return CommandResult(
             command_id=envelope.command_id, last_index=last, instance_id=decision.instance_id
         )

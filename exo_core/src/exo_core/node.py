@@ -23,11 +23,13 @@ from exo_core.bodies import BodyStore, BodyUnavailable
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
+from exo_core.datadir import DataDirLock
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.downloads import Downloader
+from exo_core.durable import replace_durably
 from exo_core.election import Election, ElectionTiming, is_majority
 from exo_core.engine import Engine
-from exo_core.eventlog import EventLog
+from exo_core.eventlog import EventLog, LogWriteFailed
 from exo_core.events import (
     IndexedEvent,
     InstanceDeleted,
@@ -117,7 +119,7 @@ def _persistent_node_id(data_dir: Path) -> NodeId:
     if path.exists():
         return NodeId(path.read_text().strip())
     node_id = f"node-{uuid.uuid4().hex[:16]}"
-    path.write_text(node_id)
+    replace_durably(path, node_id.encode())
     return NodeId(node_id)
 
 
@@ -130,11 +132,13 @@ class Node:
         plugins: PluginHost,
         transport: Transport | None = None,
         election_timing: ElectionTiming = ElectionTiming(),
+        data_lock: DataDirLock | None = None,
     ) -> None:
         self.config = config
         self.plugins = plugins
         data = config.data_path
-        data.mkdir(parents=True, exist_ok=True)
+        # Before anything in the data directory is opened: one process per directory.
+        self.data_lock = data_lock or DataDirLock(data)
         self.transport = transport or self._make_transport(data)
         self.node_id = NodeId(self.transport.node_id)
         self.replica = Replica(
@@ -325,6 +329,7 @@ class Node:
             with anyio.CancelScope(shield=True):
                 await self.transport.stop()
                 self.replica.log.close()
+                self.data_lock.release()
                 logger.info(f"node {self.node_id} stopped")
 
     async def _receive(self) -> None:
@@ -357,7 +362,11 @@ class Node:
             return  # only the master we follow writes our log
         if self.election.term < self.votes.term:
             return  # we voted for a newer term: this master is deposed
-        outcome = self.replica.ingest(batch.events, batch.prev_term)
+        try:
+            outcome = self.replica.ingest(batch.events, batch.prev_term)
+        except LogWriteFailed as e:  # not acknowledged; catch-up retries once there is room
+            logger.error(str(e))
+            return
         if outcome == Ingested.UP_TO_DATE:
             self._learn_committed(batch)
             self._acknowledge()
@@ -510,7 +519,11 @@ class Node:
                     continue
                 if not isinstance(answer, EventBatch) or not answer.events:
                     return True
-                outcome = self.replica.ingest(answer.events, answer.prev_term)
+                try:
+                    outcome = self.replica.ingest(answer.events, answer.prev_term)
+                except LogWriteFailed as e:
+                    logger.error(str(e))
+                    return False
                 if outcome == Ingested.DIVERGED:
                     self.replica.truncate(self.replica.divergence_point())
                 elif outcome == Ingested.UP_TO_DATE:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator
 
 import anyio
@@ -11,8 +13,12 @@ from loguru import logger
 
 from exo_core.api.app import create_app
 from exo_core.config import NodeConfig
+from exo_core.datadir import DataDirLock
 from exo_core.node import Node
 from exo_core.plugin_host import PluginHost
+
+# How long a node may take to stop after SIGINT or SIGTERM before the process exits anyway.
+STOP_GRACE_S = 30.0
 
 
 class _Uvicorn(uvicorn.Server):
@@ -61,23 +67,45 @@ async def serve_api(node: Node) -> None:
     logger.info("API stopped")
 
 
-async def run_node(config: NodeConfig, plugins: PluginHost) -> None:
+async def run_node(
+    config: NodeConfig, plugins: PluginHost, data_lock: DataDirLock | None = None
+) -> None:
     """Run a node (and its API unless disabled) until SIGINT or SIGTERM."""
     import signal
 
-    node = Node(config, plugins)
+    node = Node(config, plugins, data_lock=data_lock)
     extra = []
     if config.api:
         extra.append(lambda: serve_api(node))
         logger.info(f"API on http://{config.api_host}:{config.api_port}")
-    async with anyio.create_task_group() as tg:
+    deadline: list[threading.Timer] = []
+    try:
+        async with anyio.create_task_group() as tg:
 
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-                async for signum in signals:
-                    logger.info(f"received {signal.Signals(signum).name}; stopping")
-                    tg.cancel_scope.cancel()
-                    return
+            async def stop_on_signal() -> None:
+                with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                    async for signum in signals:
+                        logger.info(f"received {signal.Signals(signum).name}; stopping")
+                        deadline.append(_exit_unless_stopped_within(STOP_GRACE_S))
+                        tg.cancel_scope.cancel()
+                        return
 
-        tg.start_soon(stop_on_signal)
-        await node.run(extra=extra)
+            tg.start_soon(stop_on_signal)
+            await node.run(extra=extra)
+    finally:
+        for timer in deadline:
+            timer.cancel()
+
+
+def _exit_unless_stopped_within(seconds: float) -> threading.Timer:
+    """A signal always stops the node: if stopping hangs (a runner or a connection that will
+    not end), the process exits anyway after `seconds`."""
+
+    def force() -> None:
+        logger.error(f"the node did not stop within {seconds:.0f}s of the signal; exiting now")
+        os._exit(1)
+
+    timer = threading.Timer(seconds, force)
+    timer.daemon = True
+    timer.start()
+    return timer

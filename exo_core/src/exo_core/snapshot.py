@@ -10,14 +10,13 @@ the payload one msgpack-encoded `Snapshot`.
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from pathlib import Path
 
 import msgspec
 
-from exo_core.eventlog import fsync_dir
+from exo_core.durable import fsync_dir, replace_durably
 from exo_core.state import State
 from exo_core.term_history import TermHistory, TermRun
 
@@ -89,10 +88,4 @@ class SnapshotStore:
 
     def save(self, snapshot: Snapshot) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(encode_snapshot(snapshot))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fsync_dir(self.path.parent)
+        replace_durably(self.path, encode_snapshot(snapshot))

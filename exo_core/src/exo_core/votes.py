@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from exo_core.durable import replace_durably
 from exo_core.ids import NodeId
 from exo_core.wire import Vote, VoteRequest
 
@@ -24,10 +25,15 @@ class VoteBook:
             data = json.loads(path.read_text())
             self.term, self.voted_for = int(data["term"]), data.get("voted_for")
 
+    @property
+    def path(self) -> Path:
+        return self._path
+
     def _save(self) -> None:
-        tmp = self._path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"term": self.term, "voted_for": self.voted_for}))
-        tmp.replace(self._path)
+        # Durable before the vote is answered: a vote forgotten by a power loss could let this
+        # node vote again in the same term, for another candidate (two masters in one term).
+        data = json.dumps({"term": self.term, "voted_for": self.voted_for}).encode()
+        replace_durably(self._path, data)
 
     def decide(self, request: VoteRequest, last_term: int, last_index: int) -> Vote:
         """Answer a vote request, given our own log's last term and index."""
@@ -37,6 +43,11 @@ class VoteBook:
             return Vote(granted=False, reason=f"already voted in term {self.term}")
         if (last_term, last_index) > (request.last_term, request.last_index):
             return Vote(granted=False, reason="my log is more complete")
+        previous = self.term, self.voted_for
         self.term, self.voted_for = request.term, request.candidate
-        self._save()
+        try:
+            self._save()
+        except OSError as e:  # not on disk, so not granted (and not remembered either)
+            self.term, self.voted_for = previous
+            return Vote(granted=False, reason=f"cannot record the vote: {e}")
         return Vote(granted=True)

@@ -24,7 +24,8 @@ pub fn regenerate(path: &Path) -> Result<Keypair, String> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     }
-    // Write beside the target and rename, so a crash never leaves a half-written key.
+    // Write beside the target, fsync, rename, fsync the directory: a crash or power loss
+    // leaves the old key or the new one, never a half-written key or a forgotten rename.
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     let write = || -> std::io::Result<()> {
         let mut f = fs::OpenOptions::new()
@@ -35,7 +36,12 @@ pub fn regenerate(path: &Path) -> Result<Keypair, String> {
             .open(&tmp)?;
         f.write_all(&bytes)?;
         f.sync_all()?;
-        fs::rename(&tmp, path)
+        fs::rename(&tmp, path)?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        fs::File::open(dir)?.sync_all()
     };
     write().map_err(|e| {
         let _ = fs::remove_file(&tmp);

@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
+import anyio.lowlevel
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.exceptions import NotFoundException, ValidationException
 from litestar.response import ServerSentEvent, ServerSentEventMessage
+from loguru import logger
 
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
@@ -39,6 +41,20 @@ def _subtree(value: Any, path: str) -> Any:
         else:
             raise NotFoundException(f"state has no path '{path}' (no '{part}')")
     return value
+
+
+EVENTS_BATCH = 1000
+
+
+def _events_error(cursor: int, next_index: int) -> ServerSentEventMessage:
+    message = (
+        f"the event log holds no readable event at index {cursor} "
+        f"(it should hold up to {next_index - 1}); the stream ends here"
+    )
+    logger.error(f"/events: {message}")
+    return ServerSentEventMessage(
+        data=msgspec.json.encode({"error": message, "index": cursor}).decode(), event="error"
+    )
 
 
 class NativeController(Controller):
@@ -90,13 +106,20 @@ class NativeController(Controller):
                         )
                         cursor = snapshot.next_index
                         continue
-                    for event in replica.log.read(cursor, cursor + 1000):
+                    batch = replica.log.read(cursor, cursor + EVENTS_BATCH)
+                    if not batch or batch[0].index != cursor:
+                        # The log does not hold what its index promises (damaged on disk?):
+                        # say so and end, rather than ask again and again.
+                        yield _events_error(cursor, replica.next_index)
+                        return
+                    for event in batch:
                         yield ServerSentEventMessage(
                             data=msgspec.json.encode(event).decode(),
                             event="event",
                             id=str(event.index),
                         )
                         cursor = event.index + 1
+                    await anyio.lowlevel.checkpoint()  # other requests run between batches
                 await replica.wait_change()
 
         return ServerSentEvent(stream())

@@ -7,6 +7,7 @@ faults come from the seed, and time only moves when every node is idle.
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +27,18 @@ from exo_core.transport.memory import MemoryNetwork
 T = TypeVar("T")
 
 
+class SimulatedCrash(Exception):
+    """A node crashed at a crash point: it ends there, leaving its files as they are."""
+
+
 @dataclass
 class SimNode:
     index: int
     node: Node
     scope: anyio.CancelScope
     stopped: anyio.Event = field(default_factory=anyio.Event)
+    # Set when a crash point ended it: every later write of this incarnation fails.
+    crashed: bool = False
 
     @property
     def alive(self) -> bool:
@@ -76,9 +83,13 @@ class SimCluster:
         sim = SimNode(index, node, anyio.CancelScope())
 
         async def run() -> None:
-            with sim.scope:
-                await node.run()
-            sim.stopped.set()
+            try:
+                with sim.scope:
+                    await node.run()
+            except* SimulatedCrash:
+                pass  # the crash point already ended the node (see CrashPoints)
+            finally:
+                sim.stopped.set()
 
         self._tg.start_soon(run)
         if index < len(self.nodes):
@@ -107,6 +118,49 @@ class SimCluster:
                 await anyio.sleep(0.05)
 
 
+class CrashPoints:
+    """Crashes nodes at random crash points inside durable writes: vote files (written,
+    synced, renamed) and event log appends (before, with a frame half written, written).
+
+    Install with `exo_core.durable.crash_hook(points)`. A crash cancels the node and raises
+    `SimulatedCrash` from the write, so nothing after that point reaches the disk."""
+
+    def __init__(
+        self,
+        cluster: SimCluster,
+        rng: random.Random,
+        probability: float,
+        may_crash: Callable[[SimNode], bool] = lambda sim: True,
+        on_crash: Callable[[SimNode, str], None] = lambda sim, point: None,
+    ) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.probability = probability
+        self.may_crash = may_crash
+        self.on_crash = on_crash
+        self.crashes: list[tuple[int, str]] = []
+
+    def _owner(self, path: Path) -> SimNode | None:
+        for sim in self.cluster.nodes:
+            if path.is_relative_to(sim.node.config.data_path):
+                return sim
+        return None
+
+    def __call__(self, point: str, path: Path) -> None:
+        sim = self._owner(path)
+        if sim is None:
+            return
+        if sim.crashed:
+            raise SimulatedCrash(f"node {sim.index} is down")
+        if self.rng.random() >= self.probability or not self.may_crash(sim):
+            return
+        sim.crashed = True
+        self.crashes.append((sim.index, point))
+        self.on_crash(sim, point)
+        sim.scope.cancel()
+        raise SimulatedCrash(f"node {sim.index} crashed at {point} of {path.name}")
+
+
 @contextlib.asynccontextmanager
 async def sim_cluster(
     root: Path,
@@ -132,4 +186,11 @@ def run_simulation(body: Callable[[], Awaitable[T]]) -> T:
     return anyio.run(body, backend="asyncio", backend_options=virtual_time_options())
 
 
-__all__ = ["SimCluster", "SimNode", "run_simulation", "sim_cluster"]
+__all__ = [
+    "CrashPoints",
+    "SimCluster",
+    "SimNode",
+    "SimulatedCrash",
+    "run_simulation",
+    "sim_cluster",
+]

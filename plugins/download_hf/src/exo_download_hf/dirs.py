@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from exo_core.paths import UnsafeModelPath, check_model_id, model_path
+
 FreeSpace = Callable[[Path], int]
 
 BOOKKEEPING = ".exo"
@@ -57,6 +59,14 @@ def _is_within(path: Path, root: Path) -> bool:
     return path.resolve().is_relative_to(root.resolve())
 
 
+def _inside(root: Path, name: str) -> Path | None:
+    """`root / name`, or None when a symlink there leads out of `root`."""
+    try:
+        return model_path(root, name)
+    except UnsafeModelPath:
+        return None
+
+
 @dataclass(frozen=True)
 class ModelDirs:
     """The directories to search, in order: writable ones first (default first), then read-only."""
@@ -78,10 +88,15 @@ class ModelDirs:
         return any(_is_within(path, r) for r in self.read_only)
 
     def writable_candidates(self, repo_id: str) -> list[Path]:
-        """Where this repo's directory is, or would be, in each writable directory."""
-        return [d / dir_name(repo_id) for d in self.writable]
+        """Where this repo's directory is, or would be, in each writable directory.
+
+        Raises `UnsafeModelPath` for a repo id that could lead out of them."""
+        check_model_id(repo_id)
+        return [model_path(d, dir_name(repo_id)) for d in self.writable]
 
     def read_only_candidates(self, repo_id: str) -> list[Path]:
         """Read-only directories may hold models laid out by exo (`org--name`) or by hand
         (`org/name`, as `huggingface-cli download --local-dir` users often do)."""
-        return [c for d in self.read_only for c in (d / dir_name(repo_id), d / repo_id)]
+        check_model_id(repo_id)
+        names = (dir_name(repo_id), repo_id)
+        return [p for d in self.read_only for n in names if (p := _inside(d, n)) is not None]

@@ -12,7 +12,6 @@ import contextlib
 import errno
 import fnmatch
 import json
-import shutil
 import time
 from pathlib import Path, PurePosixPath
 
@@ -23,6 +22,7 @@ from loguru import logger
 from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
+from exo_core.paths import UnsafeModelPath, is_safe_model_id, model_id_problem, remove_model_dir
 from exo_core.state import DownloadProgress, DownloadStatus
 from exo_download_hf.cards import WEIGHT_SUFFIX, HubRef, hub_ref
 from exo_download_hf.dirs import BOOKKEEPING, FreeSpace, ModelDirs, disk_free
@@ -88,6 +88,8 @@ class HfDownloader(Downloader):
             raise DownloadFailed(
                 f"{card.model_id}: its source '{card.source}' is not a hub repo (hf:<repo>)"
             )
+        if (problem := model_id_problem(ref.repo_id)) is not None:
+            raise DownloadFailed(f"{card.model_id}: '{ref.repo_id}' is not a hub repo: {problem}")
         return ref
 
     def find_local(self, card: ModelCard) -> Path | None:
@@ -95,8 +97,16 @@ class HfDownloader(Downloader):
         return self.find_ref(ref) if ref is not None else None
 
     def find_ref(self, ref: HubRef) -> Path | None:
-        """The complete model: exo's own downloads first, then read-only directories."""
-        for root in self.dirs.writable_candidates(ref.repo_id):
+        """The complete model: exo's own downloads first, then read-only directories (None
+        for a repo id that could lead out of them)."""
+        if not is_safe_model_id(ref.repo_id):
+            return None
+        try:
+            writable = self.dirs.writable_candidates(ref.repo_id)
+        except UnsafeModelPath as e:
+            logger.warning(f"not looking for {ref.repo_id}: {e}")
+            return None
+        for root in writable:
             if ModelStore(root).is_complete():
                 return root
         for root in self.dirs.read_only_candidates(ref.repo_id):
@@ -377,13 +387,14 @@ class HfDownloader(Downloader):
 
     def _delete_now(self, ref: HubRef) -> bool:
         deleted = False
+        # Raises UnsafeModelPath for an id that could lead out of the models directories.
         for root in self.dirs.writable_candidates(ref.repo_id):
             # Checked again here: never remove anything inside a read-only directory.
             if not root.exists() or self.dirs.is_read_only(root):
                 continue
             # The lock waits out a fetching thread that was just told to stop.
             with ModelStore(root).locked(Tally()):
-                shutil.rmtree(root)
+                remove_model_dir(root.parent, root)
             deleted = True
         return deleted
 

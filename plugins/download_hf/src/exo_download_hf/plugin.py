@@ -19,6 +19,7 @@ from exo_core.events import DownloadDeleted, DownloadProgressed, IndexedEvent
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
+from exo_core.paths import is_safe_model_id
 from exo_core.state import DownloadProgress, DownloadStatus, State
 from exo_download_hf.cards import HubRef, builtin_cards, ref_for
 from exo_download_hf.dirs import ModelDirs
@@ -60,7 +61,14 @@ def exo_event_applied(event: IndexedEvent, state: State, ctx: Node) -> None:
         case DownloadDeleted(node_id=node_id, model_id=model_id) if node_id == ctx.node_id:
             card = ctx.card(model_id)
             ref = ref_for(model_id, card)
-            if ref is not None:
+            # Checked again here, whatever the master let through: an id that could lead out
+            # of the models directories deletes nothing.
+            unsafe = [
+                n for n in (model_id, ref.repo_id if ref else "") if n and not is_safe_model_id(n)
+            ]
+            if unsafe:
+                logger.warning(f"refusing to delete the download of '{unsafe[0]}': unsafe model id")
+            elif ref is not None:
                 # The hook must not block: the deletion runs in the node's task group.
                 ctx.spawn(partial(_delete_requested, ctx, downloader, card, ref))
         case DownloadProgressed(progress=p) if p.node_id == ctx.node_id:

@@ -7,16 +7,18 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import unquote
 
 import anyio.to_thread
 import msgspec
-from litestar import Response, Router, delete, get, post
+from litestar import Request, Response, Router, delete, get, post
 from litestar.params import Parameter
 
 from exo_core.api.errors import native_error
 from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard
 from exo_core.ids import ModelId, NodeId
 from exo_core.node import Node
+from exo_core.paths import UnsafeModelPath, model_id_problem
 from exo_download_hf.cards import CardError, card_from_config, ref_for
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient, HubError
@@ -43,9 +45,27 @@ def _offline(node: Node) -> Response[Any] | None:
     return None
 
 
+def _raw_model_id(request: Request[Any, Any, Any], skip: int) -> str:
+    """The model id in the request's path after its first `skip` parts, percent-decoded once.
+
+    Taken from the raw path, because the router drops empty parts (`//etc` would arrive as
+    `etc`), and decoded once only (`%252E` stays `%2E`, which the check then refuses)."""
+    raw = request.scope.get("raw_path", b"") or request.url.path.encode()
+    return unquote("/".join(raw.decode("latin-1").split("/")[skip + 1 :]))
+
+
+def _refuse_unsafe(model_id: str) -> Response[Any] | None:
+    problem = model_id_problem(model_id)
+    if problem is None:
+        return None
+    return native_error(422, f"'{model_id}' is not a valid model id: {problem}")
+
+
 @post("/models/add", status_code=201)
 async def add_model(node: Node, data: AddModelBody) -> Response[Any]:
     repo_id = data.model_id.strip()
+    if (refused := _refuse_unsafe(repo_id)) is not None:
+        return refused
     if not REPO_ID.match(repo_id):
         return native_error(422, f"'{data.model_id}' is not a hub repo id (org/name)")
     if (refused := _offline(node)) is not None:
@@ -76,8 +96,10 @@ async def add_model(node: Node, data: AddModelBody) -> Response[Any]:
 
 
 @delete("/models/custom/{model_id:path}", status_code=200)
-async def remove_model(node: Node, model_id: str) -> Response[Any]:
-    model_id = model_id.strip("/")
+async def remove_model(node: Node, request: Request[Any, Any, Any]) -> Response[Any]:
+    model_id = _raw_model_id(request, skip=2)
+    if (refused := _refuse_unsafe(model_id)) is not None:
+        return refused
     result = await node.send_command(RemoveModelCard(model_id=ModelId(model_id)))
     if not result.ok:
         return native_error(result.status, result.message)
@@ -116,8 +138,12 @@ async def search_models(
 
 
 @delete("/download/{node_id:str}/{model_id:path}", status_code=200)
-async def delete_download(node: Node, node_id: str, model_id: str) -> Response[Any]:
-    model_id = model_id.strip("/")
+async def delete_download(
+    node: Node, node_id: str, request: Request[Any, Any, Any]
+) -> Response[Any]:
+    model_id = _raw_model_id(request, skip=2)
+    if (refused := _refuse_unsafe(model_id)) is not None:
+        return refused
     state = node.state
     if node_id not in state.nodes and node_id != node.node_id:
         return native_error(404, f"unknown node '{node_id}'")
@@ -151,6 +177,10 @@ async def delete_download(node: Node, node_id: str, model_id: str) -> Response[A
     ref = ref_for(model_id, node.card(model_id))
     if ref is None:
         return native_error(404, f"{model_id} does not come from the hub: nothing to delete")
+    try:
+        downloader.dirs.writable_candidates(ref.repo_id)
+    except UnsafeModelPath as e:
+        return native_error(422, f"not deleting {model_id}: {e}")
     found = downloader.find_ref(ref)
     if found is not None and downloader.dirs.is_read_only(found):
         return _read_only(model_id, str(found), node_id)

@@ -33,19 +33,21 @@ def _import_gguf(args: argparse.Namespace) -> int:
     """Convert, then leave a card beside the model so that `exo` serves it under its id."""
     import sys
 
+    from exo_core.paths import UnsafeModelPath, check_model_id
     from exo_engine_mlx.cards import card_from_gguf, write_imported_card
     from exo_engine_mlx.gguf import GGUFImportError, import_gguf
     from exo_engine_mlx.gguf.cli import default_out_dir
 
-    out = (
-        Path(args.out)
-        if args.out
-        else default_out_dir(args.model_id, Path(args.data_dir) / "models")
-    )
     try:
+        check_model_id(args.model_id)
+        out = (
+            Path(args.out)
+            if args.out
+            else default_out_dir(args.model_id, Path(args.data_dir) / "models")
+        )
         path = import_gguf(Path(args.file), out, args.model_id)
         card = card_from_gguf(Path(args.file), args.model_id, source=f"local:{path}")
-    except (GGUFImportError, OSError) as e:
+    except (GGUFImportError, UnsafeModelPath, OSError) as e:
         print(f"exo import-gguf: {e}", file=sys.stderr)
         return 2
     write_imported_card(path, card)

@@ -8,13 +8,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from exo_core.paths import UnsafeModelPath, check_model_id, model_path
+
 from .convert import import_gguf
 from .reader import GGUFImportError
 
 
 def default_out_dir(model_id: str, models_dir: Path) -> Path:
+    """Where a model is imported: a strict child of `models_dir` (UnsafeModelPath otherwise)."""
     # Model ids may contain "/" (org/name); one directory level keeps listing simple.
-    return models_dir / model_id.replace("/", "--")
+    return model_path(models_dir, check_model_id(model_id).replace("/", "--"))
 
 
 def import_gguf_cli(argv: Sequence[str] | None = None, models_dir: Path | None = None) -> int:
@@ -30,11 +33,11 @@ def import_gguf_cli(argv: Sequence[str] | None = None, models_dir: Path | None =
     parser.add_argument("--out", type=Path, default=None, help="output directory")
     args = parser.parse_args(list(argv) if argv is not None else None)
     base = models_dir if models_dir is not None else Path.home() / ".exo" / "models"
-    out = args.out if args.out is not None else default_out_dir(args.model_id, base)
     t0 = time.perf_counter()
     try:
+        out = args.out if args.out is not None else default_out_dir(args.model_id, base)
         path = import_gguf(args.file, out, args.model_id)
-    except GGUFImportError as e:
+    except (GGUFImportError, UnsafeModelPath) as e:
         print(f"exo import-gguf: {e}", file=sys.stderr)
         return 2
     print(f"imported {args.file} as {args.model_id} into {path} ({time.perf_counter() - t0:.1f} s)")

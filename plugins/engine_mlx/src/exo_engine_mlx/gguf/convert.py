@@ -244,6 +244,14 @@ def import_gguf(gguf_path: Path, out_dir: Path, model_id: str) -> Path:
     Raises GGUFImportError for files it cannot convert faithfully.
     """
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
+    if out_dir.is_symlink() or (
+        out_dir.exists() and read_marker(out_dir) is None and any(out_dir.iterdir())
+    ):
+        # Replacing means deleting: only ever an earlier import, never someone's directory.
+        raise GGUFImportError(
+            f"{out_dir} exists and is not an earlier import (no {MARKER_FILE}): "
+            "not replacing it; choose another --out or --model-id"
+        )
     header = read_header(gguf_path)
     check_supported(header)
     tok = build_tokenizer(header)  # refuses unsupported tokenizers before anything is written
