@@ -78,6 +78,8 @@ export function applyEvent(state, indexed) {
   return { ...state, ...handler(state, indexed.event, indexed.index), last_index: indexed.index };
 }
 
+class StreamError extends Error {}
+
 export class ClusterStore {
   constructor() {
     this.state = null;
@@ -128,7 +130,9 @@ export class ClusterStore {
       } catch (error) {
         const answered = error instanceof ApiError;
         this.needsKey = answered && error.status === 401;
-        this.setReachable(answered, answered ? error.detail : "the node does not answer");
+        // A fetch that fails outright is a TypeError; an /events stream that broke says why.
+        const detail = answered ? error.detail : error instanceof StreamError ? error.message : "the node does not answer";
+        this.setReachable(answered, detail);
       }
       await new Promise((resolve) => setTimeout(resolve, RETRY_MS[Math.min(attempt, RETRY_MS.length - 1)]));
     }
@@ -148,6 +152,7 @@ export class ClusterStore {
     });
     if (!response.ok) throw new ApiError(response.status, `events: HTTP ${response.status}`);
     let stale = false;
+    let streamError = "";
     const reading = readEvents(
       response,
       (message) => {
@@ -159,6 +164,11 @@ export class ClusterStore {
             this.state = snapshot;
             this.notify();
           }
+          return;
+        }
+        if (message.event === "error") {
+          // The node cannot serve its log from here on; the stream ends after this.
+          streamError = JSON.parse(message.data).error || "the event stream failed";
           return;
         }
         if (message.event !== "event") return;
@@ -182,7 +192,7 @@ export class ClusterStore {
     } catch (error) {
       if (!stale) throw error;
     }
-    if (!stale) throw new Error("the event stream ended");
+    if (!stale) throw new StreamError(streamError || "the event stream ended");
   }
 }
 
