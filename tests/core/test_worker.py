@@ -7,10 +7,12 @@ import time
 from contextlib import aclosing
 from pathlib import Path
 
+import anyio
 import httpx
 import pytest
 
 from exo_core import worker
+from exo_core.engine import RunnerDied, StatusReporter
 from exo_core.events import InstanceDeleted, RunnerStatusChanged
 from exo_core.generation import (
     ChatMessage,
@@ -22,7 +24,7 @@ from exo_core.generation import (
 )
 from exo_core.state import RunnerStatus
 from exo_core.testing.harness import RunningNode, running_node
-from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin, ScriptedRunner
 
 
 def test_backoff_doubles_from_two_seconds_up_to_thirty() -> None:
@@ -45,13 +47,20 @@ def test_three_failures_delete_the_instance_and_reset_the_count(
         created = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
         instance_id = created["instance_id"]
         wait_for(lambda: instance_id not in node.node.state.instances)
+
+        def failures() -> list[int]:
+            return [
+                e.event.runner.failures
+                for e in node.node.replica.log
+                if isinstance(e.event, RunnerStatusChanged)
+                and e.event.runner.status == RunnerStatus.FAILED
+            ]
+
+        # The last failure is reported through the worker's outbox, the delete directly: the
+        # report may land just after the deletion.
+        wait_for(lambda: len(failures()) >= 3)
+        assert failures() == [1, 2, 3]
         events = [e.event for e in node.node.replica.log]
-        failures = [
-            e.runner.failures
-            for e in events
-            if isinstance(e, RunnerStatusChanged) and e.runner.status == RunnerStatus.FAILED
-        ]
-        assert failures == [1, 2, 3]
         deleted = [e for e in events if isinstance(e, InstanceDeleted)]
         assert (
             "failed 3 times" in deleted[-1].reason and "scripted load failure" in deleted[-1].reason
@@ -61,6 +70,41 @@ def test_three_failures_delete_the_instance_and_reset_the_count(
         again = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
         wait_for(lambda: again["instance_id"] not in node.node.state.instances)
         assert len(plugin.engine.runners) == 6
+
+
+class _CrashAfterReady(ScriptedRunner):
+    """Comes up READY, then dies: each failure follows a successful start."""
+
+    async def serve(self, report: StatusReporter) -> None:
+        report(RunnerStatus.READY, None)
+        await anyio.sleep(0.05)
+        raise RunnerDied("crashed after starting")
+
+
+def test_failures_separated_by_a_ready_runner_never_delete_the_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker, "BACKOFF_BASE_S", 0.05)
+    plugin = ScriptedEnginePlugin()
+    engine = plugin.engine
+    monkeypatch.setattr(
+        engine,
+        "create_runner",
+        lambda spec: (
+            engine.runners.append(_CrashAfterReady(spec, 0.0, False)) or engine.runners[-1]
+        ),
+    )
+    with running_node(tmp_path, [plugin]) as node:
+        created = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
+        wait_for(lambda: len(engine.runners) > worker.MAX_FAILURES + 1)
+        assert created["instance_id"] in node.node.state.instances
+        failures = [
+            e.event.runner.failures
+            for e in node.node.replica.log
+            if isinstance(e.event, RunnerStatusChanged)
+            and e.event.runner.status == RunnerStatus.FAILED
+        ]
+        assert len(failures) > worker.MAX_FAILURES and set(failures) == {1}
 
 
 async def _generate(node: RunningNode, text: str, read: int | None = None) -> list[Chunk]:

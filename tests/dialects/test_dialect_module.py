@@ -16,6 +16,7 @@ import exo_api_claude.routes
 import exo_api_ollama.routes
 import exo_api_openai.routes
 from exo_core.api.dialect import (
+    INTERNAL_ERROR,
     AnyRequest,
     answer,
     answered,
@@ -50,7 +51,9 @@ class StandInService(GenerationService):
     def resolve(self, model_id: str) -> ModelCard:
         return ECHO
 
-    async def generate(self, model_id: str, params: GenerationParams) -> AsyncIterator[Chunk]:
+    async def generate(
+        self, model_id: str, params: GenerationParams, names: Any = None
+    ) -> AsyncIterator[Chunk]:
         if self.bug is not None:
             raise self.bug
 
@@ -190,7 +193,7 @@ def test_a_bug_is_a_500_in_the_shape() -> None:
         r = c.post("/mine/echo", json={"model": "m"})
     assert r.status_code == 500
     assert r.json() == {
-        "oops": "internal error: RuntimeError('oh no')",
+        "oops": INTERNAL_ERROR,
         "status": 500,
         "kind": "RuntimeError",
     }
@@ -198,7 +201,9 @@ def test_a_bug_is_a_500_in_the_shape() -> None:
 
 def test_a_failure_mid_stream_is_reported_in_band() -> None:
     class Broken(StandInService):
-        async def generate(self, model_id: str, params: GenerationParams) -> AsyncIterator[Chunk]:
+        async def generate(
+            self, model_id: str, params: GenerationParams, names: Any = None
+        ) -> AsyncIterator[Chunk]:
             async def chunks() -> AsyncIterator[Chunk]:
                 yield TextChunk(task_id=T, text="a")
                 raise RuntimeError("lost the runner")
@@ -209,7 +214,7 @@ def test_a_failure_mid_stream_is_reported_in_band() -> None:
     with client(router, Broken([])) as c:
         r = c.post("/mine/echo", json={"model": "m", "stream": True})
     assert r.status_code == 200
-    assert r.text == "begin\na\nfailed: generation failed: RuntimeError('lost the runner')\n"
+    assert r.text == "begin\na\nfailed: generation failed: lost the runner\n"
 
 
 # -- the three dialects, when the generation fails ---------------------------------------------

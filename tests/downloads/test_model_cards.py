@@ -102,3 +102,13 @@ def test_card_needs_layers_and_weights() -> None:
     config = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 8}
     with pytest.raises(CardError, match=r"no \.safetensors weights"):
         card_from_config("org/x", config, _weights())
+
+
+def test_a_custom_card_takes_its_context_length_from_the_config() -> None:
+    config = {
+        "model_type": "llama",
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "max_position_embeddings": 131072,
+    }
+    assert card_from_config("mlx-community/x", config, _weights(10)).context_length == 131072

@@ -23,11 +23,23 @@ _CORE_DESTS = {
     "force_master", "namespace", "offline", "bootstrap_peers", "libp2p_port", "listen_host",
     "no_mdns", "no_auto_place", "disable_plugin", "transport", "command", "func",
     "cluster_key", "no_cluster_key",
+    "api_key", "cors_origin", "allowed_host",
 }  # fmt: skip
 
 
 def _peers(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _add_http_options(parser: argparse.ArgumentParser) -> None:
+    """Who may use the HTTP API (see exo_core.api.security)."""
+    http = parser.add_argument_group("HTTP access")
+    http.add_argument("--api-key", default=os.environ.get("EXO_API_KEY", ""),
+        help="require this key (Authorization: Bearer or x-api-key) on every route but /healthz")  # fmt: skip
+    http.add_argument("--cors-origin", action="append", default=_peers(os.environ.get("EXO_CORS_ORIGINS", "")),
+        metavar="ORIGIN", help="a web origin allowed to call the API (repeatable; CORS is off by default)")  # fmt: skip
+    http.add_argument("--allowed-host", action="append", default=_peers(os.environ.get("EXO_ALLOWED_HOSTS", "")),
+        metavar="NAME", help="a host name the API answers to besides IPs, localhost and this machine's name")  # fmt: skip
 
 
 def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
@@ -62,6 +74,7 @@ def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
     add("--transport", default="", help="transport plugin to use ('memory': run alone)")
     add("--disable-plugin", action="append", default=[], metavar="NAME",
         help="leave a plugin out (repeatable); see `exo plugins`")  # fmt: skip
+    _add_http_options(parser)
     plugins.hook.exo_add_cli_options(parser=parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     listing = sub.add_parser("plugins", help="list the plugins that are loaded")
@@ -88,6 +101,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         verbosity=args.verbose - args.quiet,
         disabled_plugins=args.disable_plugin,
         transport=args.transport,
+        api_key=args.api_key,
+        cors_origins=args.cors_origin,
+        allowed_hosts=args.allowed_host,
         plugin_options={k: v for k, v in vars(args).items() if k not in _CORE_DESTS},
     )
 

@@ -41,6 +41,11 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     # The transport to use: a plugin's name, "memory" for the in-process one, or "" for the
     # first plugin that offers one.
     transport: str = ""
+    # HTTP access (see exo_core.api.security): the API key ("" for none), the web origins
+    # allowed to call the API (CORS), and host names accepted besides the built-in ones.
+    api_key: str = ""
+    cors_origins: list[str] = msgspec.field(default_factory=list)
+    allowed_hosts: list[str] = msgspec.field(default_factory=list)
     # Options that plugins added to the command line, by argparse dest.
     plugin_options: dict[str, Any] = msgspec.field(default_factory=dict)
 

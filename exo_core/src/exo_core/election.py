@@ -136,13 +136,18 @@ class Election:
                 await self._step_down()
                 await self._set_following(best_master)
                 return
-            voted = max(others, key=lambda c: c.voted_term, default=None)
-            if voted is not None and voted.voted_term > me.term:
-                # That node voted in a newer term and so no longer acknowledges ours: nothing
-                # could commit. Step down so that an election picks a term after its vote.
+            later = [c for c in others if c.voted_term > me.term]
+            acking = 1 + len(others) - len(later)
+            # The master's own membership (its replicated state), not what campaigns claim.
+            if later and not is_majority(acking, max(me.members, acking)):
+                # Those nodes voted in a newer term and so no longer acknowledge ours; without
+                # them no majority is left and nothing could commit. Step down so that an
+                # election picks a term after their votes. (One node's word is not enough:
+                # a member lying about its vote must not depose a master that can commit.)
+                voted = max(later, key=lambda c: c.voted_term)
                 logger.info(
-                    f"stepping down: {voted.node_id} voted in term {voted.voted_term}, "
-                    f"after ours ({me.term})"
+                    f"stepping down: {len(later)} node(s) voted after our term ({me.term}), "
+                    f"{voted.node_id} in term {voted.voted_term}"
                 )
                 await self._step_down()
             return

@@ -28,6 +28,8 @@ def setup_logging(verbosity: int, data_dir: Path | None) -> None:
     logger.add(
         sys.stderr,
         level=level,
+        # No values of local variables in tracebacks: they hold prompts and keys.
+        diagnose=False,
         format=f"<green>{{time:{time_format}}}</green> <level>{{level: <7}}</level> {{message}}",
     )
     if data_dir is not None:
@@ -39,6 +41,7 @@ def setup_logging(verbosity: int, data_dir: Path | None) -> None:
             rotation="20 MB",
             retention=5,
             enqueue=True,
+            diagnose=False,
             format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level: <7} {process} {message}",
         )
     logging.basicConfig(handlers=[_InterceptHandler()], level=logging.INFO, force=True)

@@ -43,6 +43,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     hidden_size: int
     num_key_value_heads: int | None = None
     storage_size_bytes: int
+    # Tokens the model attends to (prompt and answer together); None when unknown, and then
+    # only generic limits apply to a request.
+    context_length: int | None = None
     quantization: str = "none"
     base_model: str = ""
     supports_tensor: bool = False

@@ -29,6 +29,7 @@ from exo_core.generation import (
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
 from exo_core.model_cards import Capability, ModelCard
 from exo_core.state import Instance, RunnerStatus, Task
+from exo_core.validation import FieldNames, ParamError, check_params
 
 if TYPE_CHECKING:
     from exo_core.node import Node
@@ -45,7 +46,13 @@ class GenerationError(Exception):
 
 
 class InvalidRequest(GenerationError):
+    """A request the caller must change; `param` is the field at fault, when one is."""
+
     status = 400
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelNotFound(GenerationError):
@@ -56,19 +63,15 @@ class NoInstance(GenerationError):
     status = 503
 
 
-def validate(card: ModelCard, params: GenerationParams) -> None:
-    """Refuse what the model cannot do, with a message that says what is wrong."""
+def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None = None) -> None:
+    """Refuse what the model cannot do, with a message that says what is wrong; `names` are
+    the dialect's names for the fields (see `exo_core.validation`)."""
     if not params.messages and params.prompt is None:
         raise InvalidRequest("the request has no messages")
-    if params.max_tokens is not None and params.max_tokens < 1:
-        raise InvalidRequest(f"max_tokens must be at least 1, got {params.max_tokens}")
-    if params.top_logprobs and not 0 <= params.top_logprobs <= 20:
-        raise InvalidRequest("top_logprobs must be between 0 and 20")
-    s = params.sampling
-    if s.temperature < 0:
-        raise InvalidRequest("temperature must not be negative")
-    if not 0 < s.top_p <= 1:
-        raise InvalidRequest("top_p must be in (0, 1]")
+    try:
+        check_params(card, params, names)
+    except ParamError as e:
+        raise InvalidRequest(str(e), param=e.field) from e
     if any(m.has_images() for m in params.messages) and not card.has(Capability.VISION):
         raise InvalidRequest(f"model '{card.model_id}' does not accept images")
 
@@ -117,13 +120,16 @@ class GenerationService:
         candidates.sort(key=lambda i: (not ready(i), i.instance_id))
         return candidates[0] if candidates else None
 
-    async def generate(self, model_id: str, params: GenerationParams) -> AsyncIterator[Chunk]:
-        """Stream a generation. Raises `GenerationError` before the first chunk when refused.
+    async def generate(
+        self, model_id: str, params: GenerationParams, names: FieldNames | None = None
+    ) -> AsyncIterator[Chunk]:
+        """Stream a generation. Raises `GenerationError` before the first chunk when refused;
+        `names` are the dialect's names for the fields a refusal names.
 
         Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
         cancels the task at once."""
         card = self.resolve(model_id)
-        validate(card, params)
+        validate(card, params, names)
         instance = await self.instance_for(card)
         return self._stream(card, instance.instance_id, params)
 

@@ -3,7 +3,8 @@
 It reconciles after each change of state: a runner for every shard placed here (fetching the
 model first), no runner for a deleted instance, an execution for every task of a local instance,
 and a cancel for every execution whose task left state. Runners that die are restarted with
-exponential backoff; after `MAX_FAILURES` in a row the instance is deleted.
+exponential backoff; after `MAX_FAILURES` in a row (with no READY between them) the instance is
+deleted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from exo_core.events import DownloadProgressed, Event, RunnerStatusChanged, Task
 from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason, GenerationParams
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import ModelCard
+from exo_core.redact import public_message
 from exo_core.replica import Replica
 from exo_core.state import (
     DownloadProgress,
@@ -219,6 +221,8 @@ class Worker:
     def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
         local.status = status
         if status == RunnerStatus.READY:
+            # The counter counts failures in a row: a runner that came up again starts over.
+            self._failures.pop(local.instance.instance_id, None)
             local.ready.set()
         elif status != RunnerStatus.RUNNING:
             local.ready = anyio.Event() if local.ready.is_set() else local.ready
@@ -294,8 +298,10 @@ class Worker:
                 except Exception as e:
                     failures = self._failures.get(instance_id, 0) + 1
                     self._failures[instance_id] = failures
-                    message = str(e) or repr(e)
-                    logger.error(f"runner {local.shard.runner_id} failed ({failures}x): {message}")
+                    message = public_message(e)
+                    logger.opt(exception=e).error(
+                        f"runner {local.shard.runner_id} failed ({failures}x): {message}"
+                    )
                     self._set_status(local, RunnerStatus.FAILED, message)
                     if failures >= MAX_FAILURES:
                         reason = f"runner failed {failures} times in a row; last error: {message}"
@@ -351,7 +357,10 @@ class Worker:
                     if leader:
                         await self._send_chunk(task.origin_node, chunk)
         except Exception as e:
-            final = ErrorChunk(task_id=task.task_id, message=f"generation failed: {e}")
+            logger.opt(exception=e).error(f"task {task.task_id} failed")
+            final = ErrorChunk(
+                task_id=task.task_id, message=f"generation failed: {public_message(e)}"
+            )
             if leader:
                 await self._safe_send(task.origin_node, final)
         finally:

@@ -247,3 +247,57 @@ def test_stop_string_split_across_tokens(loaded: tuple[Any, Any]) -> None:
     emitted = "".join(stream.add(i) for i in tokenizer.encode(sample, add_special_tokens=False))
     emitted += stream.finish()
     assert emitted == "the quick " and stream.stopped
+
+
+# -- one request's failure stays its own ---------------------------------------------------------
+
+# Values the core refuses; if one still got here, only its own request may fail.
+UNCHECKED_BAD = {
+    "negative seed": SamplingParams(temperature=0.7, seed=-1),
+    "top_k beyond the vocabulary": SamplingParams(temperature=0.7, top_k=10**6),
+    "negative repetition penalty": SamplingParams(temperature=0, repetition_penalty=-1.0),
+}
+
+
+@pytest.mark.parametrize("bad", list(UNCHECKED_BAD), ids=list(UNCHECKED_BAD))
+def test_a_failing_request_fails_alone(loaded: tuple[Any, Any], bad: str) -> None:
+    solo = text(run(BatchEngine(*loaded), {"t": params(PROMPTS[0])})["t"])
+    engine = BatchEngine(*loaded)
+    out = run(
+        engine, {"good": params(PROMPTS[0]), "bad": params(PROMPTS[1], sampling=UNCHECKED_BAD[bad])}
+    )
+    failed = out["bad"][-1]
+    assert isinstance(failed, ErrorChunk)
+    assert "see the node's log" in failed.message and "Error" not in failed.message
+    assert text(out["good"]) == solo
+    assert finish(out["good"]).finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert text(run(engine, {"after": params(PROMPTS[0])})["after"]) == solo
+
+
+def test_a_failed_step_ends_its_batch_and_the_engine_goes_on(
+    loaded: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    solo = text(run(BatchEngine(*loaded), {"t": params(PROMPTS[0])})["t"])
+    engine = BatchEngine(*loaded)
+    engine.submit(TaskId("a"), params(PROMPTS[0]))
+    engine.submit(TaskId("b"), params(PROMPTS[1]))
+
+    def broken() -> None:
+        raise RuntimeError("the step broke")
+
+    monkeypatch.setattr(engine._generator, "next", broken)
+    chunks = engine.step()
+    assert sorted(c.task_id for c in chunks) == ["a", "b"]
+    assert all(isinstance(c, ErrorChunk) for c in chunks)
+    assert engine.active == 0
+    assert text(run(engine, {"after": params(PROMPTS[0])})["after"]) == solo
+
+
+def test_max_tokens_is_capped_by_the_context(loaded: tuple[Any, Any]) -> None:
+    probe = run(BatchEngine(*loaded), {"t": params(PROMPTS[0], max_tokens=1)})["t"]
+    prompt = finish(probe).usage.prompt_tokens
+    engine = BatchEngine(*loaded, context_length=prompt + 3)
+    got = run(engine, {"t": params(PROMPTS[0], max_tokens=50)})["t"]
+    assert finish(got).usage.completion_tokens <= 3
+    refused = run(BatchEngine(*loaded, context_length=prompt), {"t": params(PROMPTS[0])})["t"]
+    assert isinstance(refused[-1], ErrorChunk) and "context" in refused[-1].message

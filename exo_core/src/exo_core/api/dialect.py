@@ -6,17 +6,19 @@ here, so each plugin keeps only its translation and its error shape:
 
 - `dialect_router` mounts the handlers under a path and answers every failure below it (the
   core's refusals, unknown paths, wrong methods, bugs) in the dialect's error shape.
-- `decode_body` reads a JSON body into a msgspec type, with 400s that say what is wrong.
+- `decode_body` reads a JSON body into a msgspec type, with 400s that say what is wrong;
+  `documented_body` puts that type in the OpenAPI schema.
 - `sse` / `ndjson` stream rendered chunks; the generation is cancelled as soon as the client
   leaves, and a failure after the first byte is reported in-band by the renderer.
 - `answer` collects a non-streamed generation, cancelling it if the client leaves first.
 
 A route typically reads::
 
-    @post("/chat", status_code=200)
+    @post("/chat", status_code=200, dependencies=documented_body(ChatRequest))
     async def chat(request: Request, generation: GenerationService) -> Response[Any]:
         req = decode_body(await request.body(), ChatRequest)
-        chunks = await generation.generate(req.model, to_params(req, generation.resolve(req.model)))
+        params = to_params(req, generation.resolve(req.model))
+        chunks = await generation.generate(req.model, params, MY_FIELD_NAMES)
         if req.stream:
             return sse(ChatStream(req.model), chunks)
         return await answer(request, chunks, lambda collected: completion(req.model, collected))
@@ -34,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 import msgspec
 from litestar import Request, Response, Router, route
+from litestar.di import Provide
 from litestar.exceptions import (
     HTTPException,
     MethodNotAllowedException,
@@ -47,11 +50,13 @@ from litestar.types import ExceptionHandlersMap, Method, Receive, Scope, Send
 from loguru import logger
 
 from exo_core.generation import Chunk, FinishChunk, FinishReason, KeepAliveChunk
+from exo_core.redact import public_message
 from exo_core.service import GenerationError, InvalidRequest
 
 __all__ = [
     "CLIENT_GONE",
     "HTTP_METHODS",
+    "INTERNAL_ERROR",
     "NDJSON_MEDIA_TYPE",
     "SSE_HEADERS",
     "SSE_MEDIA_TYPE",
@@ -67,6 +72,7 @@ __all__ = [
     "collect",
     "decode_body",
     "dialect_router",
+    "documented_body",
     "exception_handlers",
     "finish_failure",
     "frames",
@@ -104,6 +110,9 @@ ErrorBody = Callable[[int, str, Exception], Any]
 exception is what was raised (a `GenerationError`, a Litestar `HTTPException`, or a bug), for
 dialects whose errors carry a code."""
 
+
+# The body of a 500 for a bug: what failed is in the node's log, not in the answer.
+INTERNAL_ERROR = "the node failed to handle this request (see its log for details)"
 
 # Why a collected generation has no finish chunk (its stream ended early).
 UNFINISHED = "the generation ended without finishing"
@@ -144,8 +153,9 @@ def exception_handlers(error_body: ErrorBody) -> ExceptionHandlersMap:
         return respond(exc.status_code, exc.detail, exc)
 
     def on_unexpected(request: AnyRequest, exc: Exception) -> Response[Any]:
+        # A bug: the trace goes to the log, the caller learns only that the node failed.
         logger.opt(exception=exc).error(f"{request.method} {request.url.path} failed")
-        return respond(500, f"internal error: {exc!r}", exc)
+        return respond(500, INTERNAL_ERROR, exc)
 
     # ValidationException is listed itself: the app maps it to the native shape, and a handler
     # for the exact class would win over ours for its base class.
@@ -171,6 +181,22 @@ def decode_body(body: bytes, type_: type[T]) -> T:
         raise InvalidRequest(f"invalid request body: {e}") from e
     except msgspec.DecodeError as e:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from e
+
+
+def documented_body(type_: type[Any]) -> dict[str, Provide]:
+    """Route dependencies that make the OpenAPI schema document `type_` as the route's JSON
+    body, for a handler that reads its body itself with `decode_body`::
+
+        @post("/chat", dependencies=documented_body(ChatRequest))
+
+    Litestar documents the `data` parameter of a route's dependencies as its body; this one is
+    never called (the handler does not ask for it), so the body is still decoded only once."""
+
+    def body_schema(data: Any) -> None:  # pragma: no cover - never called
+        return None
+
+    body_schema.__annotations__ = {"data": type_, "return": None}
+    return {"documented_body": Provide(body_schema, sync_to_thread=False)}
 
 
 # -- streamed responses ------------------------------------------------------------------------
@@ -252,7 +278,7 @@ async def frames(renderer: Renderer, chunks: AsyncIterator[Chunk]) -> AsyncGener
                     yield frame.encode()
         except Exception as e:
             logger.opt(exception=e).warning("generation failed mid-stream")
-            for frame in renderer.fail(f"generation failed: {e!r}"):
+            for frame in renderer.fail(f"generation failed: {public_message(e)}"):
                 yield frame.encode()
 
 

@@ -187,6 +187,10 @@ def thinking(req: Conversation, card: ModelCard) -> bool | None:
     return True
 
 
+# Anthropic's names for the core's fields, for refusals that name them.
+FIELD_NAMES = {"stop": "stop_sequences"}
+
+
 def to_params(req: MessagesRequest, card: ModelCard) -> GenerationParams:
     if req.mcp_servers:
         raise InvalidRequest("mcp_servers are not supported")

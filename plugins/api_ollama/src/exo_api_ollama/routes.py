@@ -18,6 +18,7 @@ from exo_core.api.dialect import (
     answer,
     decode_body,
     dialect_router,
+    documented_body,
     ndjson,
 )
 from exo_core.generation import Chunk
@@ -73,25 +74,27 @@ async def _answer(
     return await answer(request, chunks, reply.result)
 
 
-@post(_paths("/chat"), status_code=200)
+@post(_paths("/chat"), status_code=200, dependencies=documented_body(ChatRequest))
 async def chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatRequest)
     card = _resolve(generation, req.model)
     reply = translate.Reply(req.model, "chat")
     if not req.messages:
         return await _load(generation, card, reply, req)
-    chunks = await generation.generate(card.model_id, translate.chat_params(req, card))
+    params = translate.chat_params(req, card)
+    chunks = await generation.generate(card.model_id, params, translate.FIELD_NAMES)
     return await _answer(request, reply, chunks, req.stream)
 
 
-@post(_paths("/generate"), status_code=200)
+@post(_paths("/generate"), status_code=200, dependencies=documented_body(GenerateRequest))
 async def generate(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), GenerateRequest)
     card = _resolve(generation, req.model)
     reply = translate.Reply(req.model, "generate")
     if not req.prompt and not req.images:
         return await _load(generation, card, reply, req)
-    chunks = await generation.generate(card.model_id, translate.generate_params(req, card))
+    params = translate.generate_params(req, card)
+    chunks = await generation.generate(card.model_id, params, translate.FIELD_NAMES)
     return await _answer(request, reply, chunks, req.stream)
 
 
@@ -109,7 +112,7 @@ async def running(node: Node) -> dict[str, Any]:
     return {"models": [translate.running_entry(c) for c in cards]}
 
 
-@post(_paths("/show"), status_code=200)
+@post(_paths("/show"), status_code=200, dependencies=documented_body(ShowRequest))
 async def show(request: AnyRequest, node: Node, generation: GenerationService) -> dict[str, Any]:
     req = decode_body(await request.body(), ShowRequest)
     name = req.model or req.name

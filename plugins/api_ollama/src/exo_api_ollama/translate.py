@@ -127,6 +127,20 @@ def _neutral(name: str, value: float | None, neutral: float) -> None:
         raise InvalidRequest(f"option {name} is not supported by exo")
 
 
+# Ollama's names for the core's fields, for refusals that name them.
+FIELD_NAMES = {
+    "temperature": "options.temperature",
+    "top_p": "options.top_p",
+    "top_k": "options.top_k",
+    "min_p": "options.min_p",
+    "seed": "options.seed",
+    "repetition_penalty": "options.repeat_penalty",
+    "repetition_context_size": "options.repeat_last_n",
+    "max_tokens": "options.num_predict",
+    "stop": "options.stop",
+}
+
+
 def sampling(options: Options | None) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
     """(sampling, max_tokens, stop) from Ollama's options."""
     o = options or Options()

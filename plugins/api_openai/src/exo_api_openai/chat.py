@@ -117,6 +117,13 @@ def _refuse_unsupported(req: ChatCompletionRequest) -> None:
         )
 
 
+def field_names(req: ChatCompletionRequest) -> dict[str, str]:
+    """The request's names for the core's fields, for refusals that name them."""
+    if req.max_completion_tokens is not None:
+        return {"max_tokens": "max_completion_tokens"}
+    return {}
+
+
 def to_params(req: ChatCompletionRequest, card: ModelCard) -> GenerationParams:
     _refuse_unsupported(req)
     if not req.messages:

@@ -8,7 +8,7 @@ from typing import Any
 from litestar.exceptions import HTTPException
 
 from exo_api_openai.common import error_body
-from exo_core.service import ModelNotFound
+from exo_core.service import InvalidRequest, ModelNotFound
 
 
 def api_error(status: int, message: str, exc: Exception) -> dict[str, Any]:
@@ -18,4 +18,5 @@ def api_error(status: int, message: str, exc: Exception) -> dict[str, Any]:
         code = "model_not_found"
     elif isinstance(exc, HTTPException) and status == 404:
         code = "not_found"
-    return error_body(status, message, code=code)
+    param = exc.param if isinstance(exc, InvalidRequest) else None
+    return error_body(status, message, code=code, param=param)

@@ -143,6 +143,10 @@ def _refuse_unsupported(req: ResponsesRequest) -> None:
         raise InvalidRequest(f"text.format '{fmt.type}' is not supported (only 'text')")
 
 
+# The Responses API's names for the core's fields, for refusals that name them.
+FIELD_NAMES = {"max_tokens": "max_output_tokens", "messages": "input"}
+
+
 def to_params(req: ResponsesRequest, card: ModelCard) -> GenerationParams:
     _refuse_unsupported(req)
     messages = input_messages(req)

@@ -10,27 +10,34 @@ from exo_api_openai import chat, responses
 from exo_api_openai.errors import api_error
 from exo_api_openai.models import model_list, model_object
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
-from exo_core.api.dialect import AnyRequest, answer, decode_body, dialect_router, sse
+from exo_core.api.dialect import (
+    AnyRequest,
+    answer,
+    decode_body,
+    dialect_router,
+    documented_body,
+    sse,
+)
 from exo_core.node import Node
 from exo_core.service import GenerationService, ModelNotFound
 
 
-@post("/chat/completions", status_code=200)
+@post("/chat/completions", status_code=200, dependencies=documented_body(ChatCompletionRequest))
 async def chat_completions(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatCompletionRequest)
     params = chat.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    chunks = await generation.generate(req.model, params, chat.field_names(req))
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
         return sse(chat.ChatStream(req.model, include_usage=usage), chunks)
     return await answer(request, chunks, lambda collected: chat.completion(req.model, collected))
 
 
-@post("/responses", status_code=200)
+@post("/responses", status_code=200, dependencies=documented_body(ResponsesRequest))
 async def create_response(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ResponsesRequest)
     params = responses.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params)
+    chunks = await generation.generate(req.model, params, responses.FIELD_NAMES)
     builder = responses.ResponseBuilder(
         req.model, responses.echo(req, params), logprobs=params.logprobs
     )

@@ -146,6 +146,7 @@ def card_from_config(
         hidden_size=hidden,
         num_key_value_heads=kv_heads,
         storage_size_bytes=weights,
+        context_length=_first_int(text, "max_position_embeddings", "n_positions", "seq_length"),
         quantization=_quantization(config),
         supports_tensor=family in TENSOR_PARALLEL_TYPES,
         capabilities=tuple(capabilities),

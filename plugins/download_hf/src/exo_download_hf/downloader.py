@@ -23,6 +23,7 @@ from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
 from exo_core.ids import NodeId
 from exo_core.model_cards import ModelCard
 from exo_core.paths import UnsafeModelPath, is_safe_model_id, model_id_problem, remove_model_dir
+from exo_core.redact import public_message
 from exo_core.state import DownloadProgress, DownloadStatus
 from exo_download_hf.cards import WEIGHT_SUFFIX, HubRef, hub_ref
 from exo_download_hf.dirs import BOOKKEEPING, FreeSpace, ModelDirs, disk_free
@@ -172,7 +173,7 @@ class HfDownloader(Downloader):
                 f"{card.model_id}: the download was stopped because the model is being deleted"
             )
         logger.opt(exception=failure).error(f"{card.model_id}: download failed")
-        return DownloadFailed(f"{card.model_id}: download failed: {failure!r}")
+        return DownloadFailed(f"{card.model_id}: download failed: {public_message(failure)}")
 
     async def _report_loop(self, card: ModelCard, tally: Tally, report: ProgressReporter) -> None:
         meter = SpeedMeter()

@@ -28,6 +28,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
+from exo_core.redact import public_message
 from exo_download_hf.verify import ExpectedHash
 
 # Seconds to wait for the first byte, and between bytes, before a ranged GET is retried.
@@ -127,7 +128,9 @@ class HubClient:
             error = HubDenied if status in (401, 403) else HubError
             raise error(f"{what}: the hub answered {status}: {e}") from e
         except (httpx2.TransportError, OSError) as e:
-            raise HubUnreachable(f"{what}: cannot reach the hub at {self.endpoint}: {e!r}") from e
+            raise HubUnreachable(
+                f"{what}: cannot reach the hub at {self.endpoint}: {public_message(e)}"
+            ) from e
 
     def snapshot(self, repo_id: str, revision: str = "main") -> RepoSnapshot:
         """The repo's files with sizes and hashes, at the commit `revision` resolves to now."""

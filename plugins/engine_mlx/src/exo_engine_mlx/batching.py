@@ -4,16 +4,23 @@
 take requests, `step` advances every active sequence by one token and returns the chunks to
 send. Each sequence has its own sampler, logits processors, stop strings, streaming
 detokenizer and statistics; a sequence joining mid-batch does not change the others' output.
+
+A failure while handling one request fails that request only: its sampler and logits
+processors run under a guard that records the failure and lets the step go on, and the sequence
+is then removed with an error. A step that fails as a whole (no request to blame) fails the
+sequences of that batch and starts a fresh batch; the runner itself goes on either way.
 """
 
 from __future__ import annotations
 
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from loguru import logger
 from mlx_lm.generate import BatchGenerator
 
 from exo_core.generation import (
@@ -33,7 +40,7 @@ from exo_core.parsers import OutputParser
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
-from exo_engine_mlx.sampling import make_processors, make_sampler
+from exo_engine_mlx.sampling import LogitsProcessor, Sampler, greedy, make_processors, make_sampler
 from exo_engine_mlx.textstream import TextStream
 
 
@@ -68,6 +75,39 @@ def _thinking(seq: _Sequence, chunks: list[Chunk]) -> bool:
     return seq.parser is not None and seq.parser.thinking
 
 
+# What a caller is told when its request failed inside the runner (details go to the log).
+REQUEST_FAILED = "the runner could not generate this request (see the node's log)"
+STEP_FAILED = "a generation step failed; the requests in it were stopped (see the node's log)"
+
+
+class _Guard:
+    """Wraps one request's sampler and processors: an exception is recorded against the
+    request, and a harmless value stands in for the result so the rest of the batch steps."""
+
+    def __init__(self) -> None:
+        self.failed: dict[TaskId, BaseException] = {}
+
+    def sampler(self, task_id: TaskId, inner: Sampler) -> Sampler:
+        def sample(logprobs: mx.array) -> mx.array:
+            try:
+                return inner(logprobs)
+            except Exception as e:
+                self.failed.setdefault(task_id, e)
+                return greedy(logprobs)
+
+        return sample
+
+    def processor(self, task_id: TaskId, inner: LogitsProcessor) -> LogitsProcessor:
+        def process(tokens: mx.array, logits: mx.array) -> mx.array:
+            try:
+                return inner(tokens, logits)
+            except Exception as e:
+                self.failed.setdefault(task_id, e)
+                return logits
+
+        return process
+
+
 def _rate(count: int, seconds: float) -> float:
     # A request so short that its time rounds to zero reports no rate rather than crashing.
     return count / seconds if seconds > 0 else 0.0
@@ -82,18 +122,22 @@ class BatchEngine:
         max_concurrent: int = 8,
         prefix_cache: PrefixCache | None = None,
         default_max_tokens: int = 2048,
+        context_length: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         self.default_max_tokens = default_max_tokens
+        self.context_length = context_length
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
-        self._generator = BatchGenerator(
+        self._new_generator: Callable[[], BatchGenerator] = lambda: BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=max_concurrent,
             prefill_batch_size=max_concurrent,
         )
+        self._generator = self._new_generator()
+        self._guard = _Guard()
         self._by_uid: dict[int, _Sequence] = {}
         self._by_task: dict[TaskId, _Sequence] = {}
 
@@ -115,21 +159,44 @@ class BatchEngine:
     def submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
         """Queue a request. Returns chunks at once only when it is refused."""
         try:
-            rendered = render(self.tokenizer, params)
-            tokens = encode(self.tokenizer, params, rendered)
+            return self._submit(task_id, params)
         except PromptError as e:
             return [ErrorChunk(task_id=task_id, message=str(e))]
+        except Exception as e:
+            logger.opt(exception=e).error(f"request {task_id} failed to start")
+            return [ErrorChunk(task_id=task_id, message=REQUEST_FAILED)]
+
+    def _max_tokens(self, params: GenerationParams, prompt: int) -> int:
+        """The answer's cap: the request's (or the default), within the room the prompt
+        leaves in the model's context. Raises `PromptError` when it leaves none."""
+        wanted = params.max_tokens or self.default_max_tokens
+        if self.context_length is None:
+            return wanted
+        room = self.context_length - prompt
+        if room < 1:
+            raise PromptError(
+                f"the prompt is {prompt} tokens, which leaves no room in the model's "
+                f"context of {self.context_length} tokens"
+            )
+        return min(wanted, room)
+
+    def _submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
+        rendered = render(self.tokenizer, params)
+        tokens = encode(self.tokenizer, params, rendered)
+        max_tokens = self._max_tokens(params, len(tokens))
+        sampler = self._guard.sampler(task_id, make_sampler(params.sampling))
+        processors = [self._guard.processor(task_id, p) for p in make_processors(params.sampling)]
+        parser = family_parser(self.tokenizer, params, rendered)
         cache, cached = (None, 0)
         if self.prefix_cache is not None:
             cache, cached = self.prefix_cache.lookup(tokens)
-        max_tokens = params.max_tokens or self.default_max_tokens
         (uid,) = self._generator.insert(
             [tokens[cached:]],
             max_tokens=[max_tokens],
             caches=[cache] if cache is not None else None,
             all_tokens=[tokens[:cached]],
-            samplers=[make_sampler(params.sampling)],
-            logits_processors=[make_processors(params.sampling)],
+            samplers=[sampler],
+            logits_processors=[processors],
         )
         seq = _Sequence(
             task_id=task_id,
@@ -139,7 +206,7 @@ class BatchEngine:
             cached=cached,
             text=TextStream(self.tokenizer.detokenizer, params.stop),
             submitted=time.perf_counter(),
-            parser=family_parser(self.tokenizer, params, rendered),
+            parser=parser,
         )
         self._by_uid[uid] = seq
         self._by_task[task_id] = seq
@@ -156,17 +223,55 @@ class BatchEngine:
         """Advance every sequence by one step (a prefill chunk or one token)."""
         if not self._by_uid:
             return []
-        _, responses = self._generator.next()
+        try:
+            _, responses = self._generator.next()
+        except Exception as e:
+            return self._fail_batch(e)
         out: list[Chunk] = []
         now = time.perf_counter()
         for r in responses:
             seq = self._by_uid.get(r.uid)
-            if seq is None:
+            if seq is None or seq.task_id in self._guard.failed:
                 continue
             if seq.first_token_at is None:
                 seq.first_token_at = now
             out.extend(self._token(seq, r))
+        return [*out, *self._fail_guarded()]
+
+    def _fail_guarded(self) -> list[Chunk]:
+        """End the requests whose own sampler or processors failed in this step."""
+        out: list[Chunk] = []
+        for task_id, error in list(self._guard.failed.items()):
+            del self._guard.failed[task_id]
+            seq = self._by_task.get(task_id)
+            if seq is None:
+                continue
+            logger.opt(exception=error).error(f"request {task_id} failed while sampling")
+            self._generator.remove([seq.uid])
+            self._forget(seq)
+            out.append(ErrorChunk(task_id=task_id, message=REQUEST_FAILED))
         return out
+
+    def _fail_batch(self, error: Exception) -> list[Chunk]:
+        """A step failed with no request to blame: end every request in the batch and start
+        a fresh batch, so the runner serves the next requests."""
+        logger.opt(exception=error).error("a generation step failed")
+        out: list[Chunk] = [
+            ErrorChunk(task_id=seq.task_id, message=STEP_FAILED) for seq in self._by_uid.values()
+        ]
+        self._by_uid.clear()
+        self._by_task.clear()
+        self._guard.failed.clear()
+        try:
+            self._generator.close()
+        except Exception as e:
+            logger.opt(exception=e).warning("closing the failed batch failed")
+        self._generator = self._new_generator()
+        return out
+
+    def _forget(self, seq: _Sequence) -> None:
+        del self._by_uid[seq.uid]
+        del self._by_task[seq.task_id]
 
     def _token(self, seq: _Sequence, r: Any) -> list[Chunk]:
         token = int(r.token)
@@ -208,8 +313,7 @@ class BatchEngine:
     def _finish(
         self, seq: _Sequence, reason: FinishReason, store: tuple[list[int], list[Any]] | None
     ) -> list[Chunk]:
-        del self._by_uid[seq.uid]
-        del self._by_task[seq.task_id]
+        self._forget(seq)
         if store is not None and self.prefix_cache is not None:
             tokens, cache = store
             self.prefix_cache.store(tokens, cache)

@@ -29,6 +29,7 @@ def card_from_gguf(gguf_path: Path, model_id: str, source: str, base_model: str 
         hidden_size=fields.hidden_size,
         num_key_value_heads=fields.n_kv_heads,
         storage_size_bytes=fields.size_bytes,
+        context_length=fields.context_length,
         quantization="gguf",
         base_model=base_model,
         # Tensor parallel splits heads, so the node count must divide both head counts.

@@ -15,14 +15,16 @@ import os
 import queue
 import sys
 import threading
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from loguru import logger
+
 from exo_core.engine import RunnerSpec
 from exo_core.generation import ChatMessage, Chunk, ErrorChunk, GenerationParams, SamplingParams
 from exo_core.ids import TaskId
+from exo_core.redact import public_message
 from exo_core.state import RunnerStatus
 from exo_engine_mlx.protocol import (
     Cancel,
@@ -149,7 +151,8 @@ def serve(conn: Connection, launch: Launch) -> int:
     try:
         (model, tokenizer), group = _load(launch, out, watchdog.guard)
     except Exception as e:
-        out.status(RunnerStatus.FAILED, f"loading failed: {e}")
+        logger.opt(exception=e).error("loading the model failed")
+        out.status(RunnerStatus.FAILED, f"loading failed: {public_message(e)}")
         return 1
     budget = _prefix_budget(spec, options)
     engine = BatchEngine(
@@ -158,6 +161,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         max_concurrent=options.max_concurrent,
         prefix_cache=PrefixCache(budget, options.min_prefix_tokens),
         default_max_tokens=options.default_max_tokens,
+        context_length=spec.card.context_length,
     )
     loop = None
     try:
@@ -183,16 +187,13 @@ def serve(conn: Connection, launch: Launch) -> int:
         )
         return loop.run()
     except Exception as e:
+        # The trace goes to the log; clients and the replicated state get words only.
+        logger.opt(exception=e).error("the runner failed")
+        message = f"runner error: {public_message(e)}"
         waiting = loop.waiting_tasks() if loop is not None else engine.task_ids()
         for task_id in waiting:
-            out.chunk(ErrorChunk(task_id=task_id, message=f"runner error: {e}"))
-        # A lost peer or a stopped group is explained by its message; a bug needs the trace.
-        detail = (
-            ""
-            if isinstance(e, RuntimeError)
-            else "\n" + "".join(traceback.format_exception(e)[-3:])
-        )
-        out.status(RunnerStatus.FAILED, f"runner error: {e}{detail}")
+            out.chunk(ErrorChunk(task_id=task_id, message=message))
+        out.status(RunnerStatus.FAILED, message)
         return 1
 
 
@@ -221,6 +222,9 @@ def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: Outbox) -> int:
 
 def main(conn: Connection, launch_bytes: bytes) -> None:
     """The subprocess entry point (started with the `spawn` method)."""
+    # Tracebacks without the values of local variables (which hold prompts).
+    logger.remove()
+    logger.add(sys.stderr, level="INFO", diagnose=False)
     code = serve(conn, decode_launch(launch_bytes))
     conn.close()
     sys.exit(code)
