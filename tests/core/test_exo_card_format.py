@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from exo_core.model_cards import Capability, ModelCardError, ModelTask, load_card_file
+from exo_core.model_cards import (
+    Capability,
+    ModelCardError,
+    ModelComponent,
+    ModelTask,
+    load_card_file,
+)
 
 TEXT_CARD = """
 model_id = "example-org/Big-MoE-4bit"
@@ -75,7 +81,10 @@ def test_an_exo_text_card_reads_as_ours(tmp_path: Path) -> None:
 
 def test_an_exo_image_edit_card_is_an_image_model_that_edits(tmp_path: Path) -> None:
     card = load_card_file(write(tmp_path, IMAGE_EDIT_CARD))
-    assert card.tasks == (ModelTask.IMAGE_GENERATION,)
+    assert card.tasks == (ModelTask.IMAGE_EDIT,) and card.makes_images
+    assert card.components == (
+        ModelComponent(name="transformer", storage_size_bytes=900, splittable=True, n_blocks=20),
+    )
     assert card.has(Capability.IMAGE_EDIT) and not card.has(Capability.TEXT)
     assert card.quantization == "none"
 

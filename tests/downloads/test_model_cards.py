@@ -26,8 +26,12 @@ def test_every_card_file_is_valid(path: Path) -> None:
     ref = hub_ref(card)
     assert ref is not None and ref.repo_id == card.model_id
     assert card.n_layers > 0 and card.hidden_size > 0 and card.storage_size_bytes > 0
-    kv = card.num_key_value_heads
-    assert kv is not None and kv > 0
+    if card.makes_images:  # image models: their parts add up, one of them splits
+        assert sum(c.storage_size_bytes for c in card.components) == card.storage_size_bytes
+        assert [c.n_blocks for c in card.components if c.splittable] == [card.n_layers]
+    else:
+        kv = card.num_key_value_heads
+        assert kv is not None and kv > 0
     assert not card.custom
 
 

@@ -3,7 +3,8 @@
 exo's cards (`resources/inference_model_cards/*.toml` there) keep the size in a
 `[storage_size] in_bytes` table, name tasks in CamelCase (`TextGeneration`, `TextToImage`,
 `ImageToImage`), and carry fields this project keeps elsewhere or not at all (backends,
-sampling defaults, a reasoning dialect, image components). `from_exo_card` maps the fields
+sampling defaults, a reasoning dialect). `from_exo_card` maps the fields (image components
+included)
 with a meaning here and leaves the rest out, so a card reads the same model either way.
 """
 
@@ -14,7 +15,7 @@ from typing import Any
 _TASKS = {
     "TextGeneration": "text_generation",
     "TextToImage": "image_generation",
-    "ImageToImage": "image_generation",
+    "ImageToImage": "image_edit",
 }
 _CAPABILITIES = {"text", "thinking", "thinking_toggle", "tools", "vision", "image_edit"}
 _KEPT = ("model_id", "family", "n_layers", "hidden_size", "num_key_value_heads", "base_model")
@@ -41,4 +42,18 @@ def from_exo_card(data: dict[str, Any]) -> dict[str, Any]:
     if "ImageToImage" in tasks and "image_edit" not in capabilities:
         capabilities.append("image_edit")
     card["capabilities"] = capabilities
+    components = [_component(c) for c in data.get("components", [])]
+    if components:
+        card["components"] = components
     return card
+
+
+def _component(data: dict[str, Any]) -> dict[str, Any]:
+    """An exo `[[components]]` entry as a `ModelComponent` (its path is the engine's concern)."""
+    size = data.get("storage_size")
+    return {
+        "name": data.get("component_name"),
+        "storage_size_bytes": size.get("in_bytes") if isinstance(size, dict) else None,
+        "splittable": bool(data.get("can_shard", False)),
+        "n_blocks": int(data.get("n_layers") or 0),
+    }

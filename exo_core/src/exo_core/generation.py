@@ -153,5 +153,39 @@ class KeepAliveChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     task_id: TaskId
 
 
-Chunk = TextChunk | ThinkingChunk | ToolCallChunk | FinishChunk | ErrorChunk | KeepAliveChunk
+class ProgressChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Step `step` of `total` is done (an image model's denoising steps) for image `index`."""
+
+    task_id: TaskId
+    step: int
+    total: int
+    index: int = 0
+
+
+class ImageChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """An encoded image: a partial one while denoising, then the final one, for image `index`
+    of the request (see `exo_core.images`)."""
+
+    task_id: TaskId
+    index: int
+    data: bytes
+    format: Literal["png", "jpeg", "webp"] = "png"
+    width: int = 0
+    height: int = 0
+    partial: bool = False
+    # Which partial image this is (0-based); unused for a final image.
+    partial_index: int = 0
+    seed: int | None = None
+
+
+Chunk = (
+    TextChunk
+    | ThinkingChunk
+    | ToolCallChunk
+    | FinishChunk
+    | ErrorChunk
+    | KeepAliveChunk
+    | ProgressChunk
+    | ImageChunk
+)
 TERMINAL_CHUNKS = (FinishChunk, ErrorChunk)

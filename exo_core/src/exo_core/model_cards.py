@@ -28,7 +28,22 @@ class Capability(StrEnum):
 
 class ModelTask(StrEnum):
     TEXT_GENERATION = "text_generation"
+    # Text to image, and image editing (an input image and a prompt to an image).
     IMAGE_GENERATION = "image_generation"
+    IMAGE_EDIT = "image_edit"
+
+
+IMAGE_TASKS = frozenset({ModelTask.IMAGE_GENERATION, ModelTask.IMAGE_EDIT})
+
+
+class ModelComponent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One part of a multi-part model (an image model's text encoders, transformer, VAE)."""
+
+    name: str
+    storage_size_bytes: int
+    # The component whose blocks a pipeline can split over several nodes (the transformer).
+    splittable: bool = False
+    n_blocks: int = 0
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -59,9 +74,15 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     tool_parser: str | None = None
     trust_remote_code: bool = False
     custom: bool = False
+    # The parts of a multi-part model, with their sizes; empty for a single-part model.
+    components: tuple[ModelComponent, ...] = ()
 
     def has(self, capability: Capability) -> bool:
         return capability in self.capabilities
+
+    @property
+    def makes_images(self) -> bool:
+        return any(t in IMAGE_TASKS for t in self.tasks)
 
 
 class ModelCardError(ValueError):

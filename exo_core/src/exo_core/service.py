@@ -27,7 +27,8 @@ from exo_core.generation import (
     ToolCallChunk,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
-from exo_core.model_cards import Capability, ModelCard
+from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
+from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, Task
 from exo_core.validation import FieldNames, ParamError, check_params
 
@@ -66,6 +67,11 @@ class NoInstance(GenerationError):
 def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None = None) -> None:
     """Refuse what the model cannot do, with a message that says what is wrong; `names` are
     the dialect's names for the fields (see `exo_core.validation`)."""
+    if ModelTask.TEXT_GENERATION not in card.tasks:
+        raise InvalidRequest(
+            f"model '{card.model_id}' generates images, not text; use the image routes "
+            "(POST /v1/images/generations)"
+        )
     if not params.messages and params.prompt is None:
         raise InvalidRequest("the request has no messages")
     try:
@@ -133,8 +139,24 @@ class GenerationService:
         instance = await self.instance_for(card)
         return self._stream(card, instance.instance_id, params)
 
+    async def generate_images(self, model_id: str, request: ImageRequest) -> AsyncIterator[Chunk]:
+        """Stream an image generation (progress, partial and final images, then a finish).
+
+        Raises `GenerationError` before the first chunk when refused; leaving early cancels."""
+        card = self.resolve(model_id)
+        try:
+            validate_image_request(card, request)
+        except InvalidImageRequest as e:
+            raise InvalidRequest(str(e)) from None
+        instance = await self.instance_for(card)
+        return self._stream(card, instance.instance_id, GenerationParams(), image=request)
+
     async def _stream(
-        self, card: ModelCard, instance_id: InstanceId, params: GenerationParams
+        self,
+        card: ModelCard,
+        instance_id: InstanceId,
+        params: GenerationParams,
+        image: ImageRequest | None = None,
     ) -> AsyncIterator[Chunk]:
         node = self._node
         task = Task(
@@ -143,10 +165,11 @@ class GenerationService:
             model_id=card.model_id,
             origin_node=node.node_id,
             params=params,
+            image=image,
         )
         chunks = node.router.open(task.task_id, instance_id)
         node.bodies.hold(task)  # rank 0 fetches it from here; the log never sees it
-        parser = node.parser_for(card, params)
+        parser = node.parser_for(card, params) if image is None else None
         done = False
         called_tools = False
         try:

@@ -9,6 +9,7 @@ import msgspec
 
 from exo_core.generation import GenerationParams
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo_core.images import ImageRequest
 from exo_core.model_cards import ModelCard
 
 
@@ -137,6 +138,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     # The node whose API holds the caller's request: chunks are sent there.
     origin_node: NodeId
     params: GenerationParams
+    # Set for an image task (its `params` stay empty).
+    image: ImageRequest | None = None
     status: TaskStatus = TaskStatus.PENDING
     error: str | None = None
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import anyio
 import msgspec
 from litestar import Request, Response, Router, route
 from litestar.di import Provide
+from litestar.enums import RequestEncodingType
 from litestar.exceptions import (
     HTTPException,
     MethodNotAllowedException,
@@ -44,6 +45,7 @@ from litestar.exceptions import (
     ValidationException,
 )
 from litestar.handlers import HTTPRouteHandler
+from litestar.params import Body
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.types import ExceptionHandlersMap, Method, Receive, Scope, Send
@@ -183,9 +185,12 @@ def decode_body(body: bytes, type_: type[T]) -> T:
         raise InvalidRequest(f"the request body is not valid JSON: {e}") from e
 
 
-def documented_body(type_: type[Any]) -> dict[str, Provide]:
-    """Route dependencies that make the OpenAPI schema document `type_` as the route's JSON
-    body, for a handler that reads its body itself with `decode_body`::
+def documented_body(
+    type_: type[Any], media_type: RequestEncodingType | None = None
+) -> dict[str, Provide]:
+    """Route dependencies that make the OpenAPI schema document `type_` as the route's body
+    (JSON, or `media_type` such as a multipart form), for a handler that reads its body itself
+    with `decode_body`::
 
         @post("/chat", dependencies=documented_body(ChatRequest))
 
@@ -195,7 +200,8 @@ def documented_body(type_: type[Any]) -> dict[str, Provide]:
     def body_schema(data: Any) -> None:  # pragma: no cover - never called
         return None
 
-    body_schema.__annotations__ = {"data": type_, "return": None}
+    annotation: Any = type_ if media_type is None else Annotated[type_, Body(media_type=media_type)]
+    body_schema.__annotations__ = {"data": annotation, "return": None}
     return {"documented_body": Provide(body_schema, sync_to_thread=False)}
 
 

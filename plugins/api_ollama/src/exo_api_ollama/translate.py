@@ -441,6 +441,7 @@ def model_entry(card: ModelCard, modified_at: str) -> dict[str, Any]:
         "size": card.storage_size_bytes,
         "digest": digest(card),
         "details": details(card),
+        "capabilities": capabilities(card),
     }
 
 
@@ -467,7 +468,9 @@ def capabilities(card: ModelCard) -> list[str]:
         Capability.THINKING: "thinking",
         Capability.VISION: "vision",
     }
-    return [names[c] for c in card.capabilities if c in names]
+    found = [names[c] for c in card.capabilities if c in names]
+    # Image models (text to image, image edits) say so, as Ollama's image models do.
+    return [*found, "image"] if card.makes_images else found
 
 
 def show(card: ModelCard, modified_at: str) -> dict[str, Any]:

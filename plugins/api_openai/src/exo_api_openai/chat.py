@@ -226,6 +226,8 @@ class ChatStream:
                 return [*frames, "data: [DONE]\n\n"]
             case ErrorChunk(message=message):
                 return self.fail(message)
+            case _:  # image progress and images never reach a text stream
+                return []
 
     def _usage(self, usage: Usage) -> str:
         return self._frame(

@@ -8,7 +8,15 @@ from exo_core.model_cards import ModelCard
 
 
 def model_object(card: ModelCard, created: int) -> dict[str, Any]:
-    return {"id": card.model_id, "object": "model", "created": created, "owned_by": "exo"}
+    """OpenAI's model object, plus exo's `tasks` (text_generation, image_generation,
+    image_edit) so clients can tell image models from text models."""
+    return {
+        "id": card.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "exo",
+        "tasks": [t.value for t in card.tasks],
+    }
 
 
 def model_list(cards: list[ModelCard], created: int) -> dict[str, Any]:

@@ -399,6 +399,8 @@ class ResponseBuilder:
                 return [*frames, self._event("response.completed", response=self.response)]
             case ErrorChunk(message=message):
                 return self.fail(message)
+            case _:  # image progress and images never reach a text stream
+                return []
 
     def fail(self, message: str) -> list[str]:
         self.error = message

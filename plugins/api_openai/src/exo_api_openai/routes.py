@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Response, Router, get, post
+from litestar.enums import RequestEncodingType
+from litestar.exceptions import NotFoundException
+from litestar.response import File
 
-from exo_api_openai import chat, responses
+from exo_api_openai import chat, images, responses
 from exo_api_openai.errors import api_error
+from exo_api_openai.image_store import MEDIA_TYPES
 from exo_api_openai.models import model_list, model_object
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
 from exo_core.api.dialect import (
@@ -16,10 +21,12 @@ from exo_core.api.dialect import (
     decode_body,
     dialect_router,
     documented_body,
+    exception_handlers,
     sse,
 )
+from exo_core.api.security import ACCEPTS_OPT
 from exo_core.node import Node
-from exo_core.service import GenerationService, ModelNotFound
+from exo_core.service import GenerationService, InvalidRequest, ModelNotFound
 
 
 @post("/chat/completions", status_code=200, dependencies=documented_body(ChatCompletionRequest))
@@ -46,6 +53,51 @@ async def create_response(request: AnyRequest, generation: GenerationService) ->
     return await answer(request, chunks, lambda collected: responses.build(builder, collected))
 
 
+@post("/images/generations", status_code=200, dependencies=documented_body(images.ImagesRequest))
+async def create_images(
+    request: AnyRequest, generation: GenerationService, node: Node
+) -> Response[Any]:
+    req = decode_body(await request.body(), images.ImagesRequest)
+    return await _images(request, generation, node, req, None)
+
+
+@post(
+    "/images/edits",
+    status_code=200,
+    dependencies=documented_body(images.EditForm, RequestEncodingType.MULTI_PART),
+    opt={ACCEPTS_OPT: ("multipart/form-data",)},
+)
+async def edit_images(
+    request: AnyRequest, generation: GenerationService, node: Node
+) -> Response[Any]:
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise InvalidRequest("an edit is a multipart/form-data upload with the image")
+    form = (await request.form()).dict()
+    req = images.form_request(form)
+    return await _images(request, generation, node, req, await images.upload_bytes(form))
+
+
+async def _images(
+    request: AnyRequest,
+    generation: GenerationService,
+    node: Node,
+    req: images.ImagesRequest,
+    upload: bytes | None,
+) -> Response[Any]:
+    model = images.require_model(req)
+    chunks = await generation.generate_images(model, images.to_image_request(req, upload))
+    if req.stream:
+        return sse(images.ImageStream("image_edit" if upload else "image_generation"), chunks)
+    store = images.store_for(node.config.data_path)
+    base = str(request.base_url)
+    return await answer(
+        request,
+        chunks,
+        lambda got: images.images_response(got, req.response_format or "b64_json", store, base),
+    )
+
+
 @get("/models")
 async def list_models(node: Node) -> dict[str, Any]:
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
@@ -60,6 +112,41 @@ async def get_model(node: Node, model_id: str) -> dict[str, Any]:
     return model_object(card, int(node.started_at))
 
 
+@get("/")
+async def list_images(node: Node) -> dict[str, Any]:
+    stored = images.store_for(node.config.data_path).list()
+    return {"object": "list", "data": [msgspec.to_builtins(i) for i in stored]}
+
+
+@get("/{image_id:str}")
+async def get_image(node: Node, image_id: str) -> File:
+    path = images.store_for(node.config.data_path).path(image_id)
+    if path is None:
+        raise NotFoundException(f"no stored image '{image_id}' (it may have expired)")
+    return File(
+        path=path,
+        media_type=MEDIA_TYPES[path.suffix.lstrip(".")],
+        content_disposition_type="inline",
+    )
+
+
 def router() -> Router:
-    handlers = [chat_completions, create_response, list_models, get_model]
+    handlers = [
+        chat_completions,
+        create_response,
+        create_images,
+        edit_images,
+        list_models,
+        get_model,
+    ]
     return dialect_router("/v1", handlers, error_body=api_error, tags=["openai"])
+
+
+def stored_images_router() -> Router:
+    """The images kept for `response_format=url` (outside /v1, as their URLs say)."""
+    return Router(
+        path="/images",
+        route_handlers=[list_images, get_image],
+        exception_handlers=exception_handlers(api_error),
+        tags=["openai"],
+    )

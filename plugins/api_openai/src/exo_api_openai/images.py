@@ -1,0 +1,264 @@
+"""OpenAI's image routes: `POST /v1/images/generations`, `POST /v1/images/edits`, and the
+stored images behind `response_format=url` (`GET /images`, `GET /images/{id}`).
+
+Translation only: requests become the core's `ImageRequest`, chunks become OpenAI's image
+objects or its `image_generation.*` / `image_edit.*` stream events. exo's own options ride in
+`advanced_params` (seed, num_inference_steps, guidance, negative_prompt).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+from litestar.datastructures import UploadFile
+
+from exo_api_openai import common
+from exo_api_openai.image_store import ImageStore, now
+from exo_core.api.dialect import GenerationFailed, answered
+from exo_core.generation import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    ImageChunk,
+    KeepAliveChunk,
+    ProgressChunk,
+)
+from exo_core.images import ImageRequest, InvalidImageRequest, parse_size
+from exo_core.service import InvalidRequest
+
+ResponseFormat = Literal["b64_json", "url"]
+OutputFormat = Literal["png", "jpeg", "webp"]
+# OpenAI's quality names; exo's models have one quality, so they are accepted and ignored.
+Quality = Literal["auto", "low", "medium", "high", "standard", "hd"]
+
+
+class AdvancedParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    seed: int | None = None
+    num_inference_steps: int | None = None
+    guidance: float | None = None
+    negative_prompt: str | None = None
+
+
+class ImagesRequest(msgspec.Struct, kw_only=True):
+    """The JSON body of `/v1/images/generations` (and the form fields of `/v1/images/edits`)."""
+
+    prompt: str | None = None
+    model: str | None = None
+    n: int | None = None
+    size: str | None = None
+    response_format: ResponseFormat | None = None
+    output_format: OutputFormat | None = None
+    output_compression: int | None = None
+    quality: Quality | None = None
+    stream: bool | None = None
+    partial_images: int | None = None
+    advanced_params: AdvancedParams | None = None
+    # Accepted for compatibility; they change nothing here.
+    background: str | None = None
+    moderation: str | None = None
+    style: str | None = None
+    user: str | None = None
+    input_fidelity: str | None = None
+
+
+@dataclass
+class EditForm:
+    """The multipart form of `/v1/images/edits` (for the OpenAPI schema: `form_request`
+    reads the form itself)."""
+
+    image: UploadFile
+    prompt: str
+    model: str | None = None
+    n: int | None = None
+    size: str | None = None
+    response_format: ResponseFormat | None = None
+    output_format: OutputFormat | None = None
+    stream: bool | None = None
+    partial_images: int | None = None
+
+
+def to_image_request(req: ImagesRequest, input_image: bytes | None = None) -> ImageRequest:
+    if req.prompt is None:
+        raise InvalidRequest("prompt is required")
+    try:
+        width, height = parse_size(req.size or "auto")
+    except InvalidImageRequest as e:
+        raise InvalidRequest(str(e)) from None
+    advanced = req.advanced_params or AdvancedParams()
+    if req.output_compression is not None and not 0 <= req.output_compression <= 100:
+        raise InvalidRequest("output_compression must be between 0 and 100")
+    return ImageRequest(
+        prompt=req.prompt,
+        n=1 if req.n is None else req.n,
+        width=width,
+        height=height,
+        steps=advanced.num_inference_steps,
+        guidance=advanced.guidance,
+        seed=advanced.seed,
+        negative_prompt=advanced.negative_prompt,
+        output_format=req.output_format or "png",
+        quality=90 if req.output_compression is None else req.output_compression,
+        partial_images=(req.partial_images or 0) if req.stream else 0,
+        input_image=input_image,
+    )
+
+
+def require_model(req: ImagesRequest) -> str:
+    if not req.model:
+        raise InvalidRequest("model is required: name an image model from GET /v1/models")
+    return req.model
+
+
+# -- multipart (edits) --------------------------------------------------------------------------
+
+_FORM_INTS = ("n", "output_compression", "partial_images")
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"RIFF")
+
+
+def form_request(form: dict[str, list[Any]]) -> ImagesRequest:
+    """An edit's multipart fields (but the image) as an `ImagesRequest`."""
+    files = [v for key in ("image", "image[]") for v in form.get(key, [])]
+    uploads = [f for f in files if isinstance(f, UploadFile)]
+    if not uploads:
+        raise InvalidRequest("image is required: upload the image to edit as a file")
+    if "mask" in form:
+        raise InvalidRequest("mask is not supported: exo edits the whole image")
+    fields: dict[str, Any] = {}
+    for key, values in form.items():
+        if key in ("image", "image[]") or not values or isinstance(values[0], UploadFile):
+            continue
+        value = values[0]
+        if key in _FORM_INTS:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                raise InvalidRequest(f"{key} must be an integer, got '{value}'") from None
+        elif key == "stream":
+            fields[key] = str(value).lower() in ("true", "1")
+        elif key == "advanced_params":
+            try:
+                fields[key] = json.loads(value)
+            except json.JSONDecodeError:
+                raise InvalidRequest("advanced_params must be a JSON object") from None
+        else:
+            fields[key] = value
+    return common.convert(fields, ImagesRequest, "request")
+
+
+async def upload_bytes(form: dict[str, list[Any]]) -> bytes:
+    """The uploaded image (the first, when `image[]` holds several), checked to be an image."""
+    upload = next(
+        f for key in ("image", "image[]") for f in form.get(key, []) if isinstance(f, UploadFile)
+    )
+    data = await upload.read()
+    if not data.startswith(_IMAGE_MAGIC):
+        raise InvalidRequest("image must be a PNG, JPEG or WebP file")
+    return data
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+def _size(chunk: ImageChunk) -> str:
+    return f"{chunk.width}x{chunk.height}"
+
+
+def images_response(
+    chunks: list[Chunk],
+    response_format: ResponseFormat,
+    store: ImageStore,
+    base_url: str,
+) -> dict[str, Any]:
+    """The non-streamed answer: `created` and `data[]` of b64_json or url, in request order."""
+    finish: FinishChunk | None = None
+    finals: list[ImageChunk] = []
+    for chunk in chunks:
+        match chunk:
+            case ImageChunk(partial=False):
+                finals.append(chunk)
+            case FinishChunk():
+                finish = chunk
+            case ErrorChunk(message=message):
+                raise GenerationFailed(message)
+            case _:
+                pass
+    answered(finish)
+    finals.sort(key=lambda c: c.index)
+    data: list[dict[str, Any]] = []
+    for chunk in finals:
+        if response_format == "url":
+            image_id = store.save(chunk.data, chunk.format)
+            data.append({"url": f"{base_url.rstrip('/')}/images/{image_id}"})
+        else:
+            data.append({"b64_json": base64.b64encode(chunk.data).decode()})
+    first = finals[0] if finals else None
+    return {
+        "created": now(),
+        "data": data,
+        "output_format": first.format if first else "png",
+        "size": _size(first) if first else None,
+        "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0},
+    }
+
+
+class ImageStream:
+    """Streamed answers: `<kind>.partial_image` events while denoising, `<kind>.completed` for
+    each final image, exo's `<kind>.progress` events (step i of N), then `[DONE]`."""
+
+    def __init__(self, kind: Literal["image_generation", "image_edit"]) -> None:
+        self.kind = kind
+
+    def _event(self, name: str, body: dict[str, Any]) -> str:
+        payload = {"type": f"{self.kind}.{name}", **body}
+        return f"event: {self.kind}.{name}\ndata: {json.dumps(payload)}\n\n"
+
+    def start(self) -> list[str]:
+        return []
+
+    def feed(self, chunk: Chunk) -> list[str]:
+        match chunk:
+            case ProgressChunk(step=step, total=total, index=index):
+                return [self._event("progress", {"step": step, "total": total, "index": index})]
+            case ImageChunk():
+                body = {
+                    "b64_json": base64.b64encode(chunk.data).decode(),
+                    "created_at": now(),
+                    "size": _size(chunk),
+                    "quality": "auto",
+                    "background": "opaque",
+                    "output_format": chunk.format,
+                    "index": chunk.index,
+                }
+                if chunk.partial:
+                    body["partial_image_index"] = chunk.partial_index
+                    return [self._event("partial_image", body)]
+                body["usage"] = {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+                return [self._event("completed", body)]
+            case FinishChunk(finish_reason=reason):
+                if reason.value == "cancelled":
+                    return self.fail("the generation was cancelled in the cluster")
+                return ["data: [DONE]\n\n"]
+            case ErrorChunk(message=message):
+                return self.fail(message)
+            case KeepAliveChunk():
+                return [": keep-alive\n\n"]
+            case _:
+                return []
+
+    def fail(self, message: str) -> list[str]:
+        return [f"data: {json.dumps(common.error_body(500, message))}\n\n", "data: [DONE]\n\n"]
+
+
+_STORES: dict[Path, ImageStore] = {}
+
+
+def store_for(data_dir: Path) -> ImageStore:
+    """One store per data directory (the node's), shared by its routes."""
+    if data_dir not in _STORES:
+        _STORES[data_dir] = ImageStore.from_env(data_dir)
+    return _STORES[data_dir]

@@ -1,0 +1,1 @@
+"""exo plugin: image generation with mflux."""

@@ -1,0 +1,224 @@
+"""The image runner subprocess: loads one image model, then generates one request at a time.
+
+Requests arrive on a reader thread, which also marks cancellations at once: the generation on
+the main thread checks the mark after every denoising step, so a cancel stops it at the next
+step. When the parent goes away, the pipe closes and the runner exits.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import sys
+import threading
+import traceback
+from multiprocessing.connection import Connection
+
+from exo_core.generation import (
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    ImageChunk,
+    ProgressChunk,
+    Usage,
+)
+from exo_core.ids import TaskId
+from exo_core.images import ImageRequest
+from exo_core.state import RunnerStatus
+from exo_engine_mflux.protocol import (
+    Cancel,
+    ChunkOut,
+    FromRunner,
+    Launch,
+    Shutdown,
+    StatusUpdate,
+    Submit,
+    ToRunner,
+    decode_launch,
+    decode_to_runner,
+    encode,
+)
+
+
+class Outbox:
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: FromRunner) -> None:
+        with self._lock:
+            self._conn.send_bytes(encode(message))
+
+    def status(self, status: RunnerStatus, error: str | None = None) -> None:
+        self.send(StatusUpdate(status=status, error=error))
+
+    def chunk(self, chunk: Chunk) -> None:
+        self.send(ChunkOut(chunk=chunk))
+
+
+class Inbox:
+    """Requests in arrival order, and the set of cancelled task ids (read between steps)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[Submit | Shutdown] = queue.Queue()
+        self.cancelled: set[TaskId] = set()
+        self.stopping = threading.Event()
+
+    def put(self, message: ToRunner) -> None:
+        match message:
+            case Cancel(task_id=task_id):
+                self.cancelled.add(task_id)
+            case Shutdown():
+                self.stopping.set()
+                self.queue.put(message)
+            case Submit():
+                self.queue.put(message)
+
+    def should_stop(self, task_id: TaskId) -> bool:
+        return self.stopping.is_set() or task_id in self.cancelled
+
+
+def _reader(conn: Connection, inbox: Inbox) -> None:
+    try:
+        while True:
+            inbox.put(decode_to_runner(conn.recv_bytes()))
+    except (EOFError, OSError):
+        inbox.put(Shutdown())
+
+
+def run_request(
+    loaded: object, task_id: TaskId, request: ImageRequest, inbox: Inbox, out: Outbox
+) -> None:
+    """Generate every image of one request, streaming progress and images; end the stream."""
+    from exo_engine_mflux import pipeline
+
+    assert isinstance(loaded, pipeline.LoadedModel)
+    steps = request.steps or loaded.default_steps
+    guidance = loaded.default_guidance if request.guidance is None else request.guidance
+    seed = request.seed if request.seed is not None else random.randrange(2**31)
+    try:
+        for index in range(request.n):
+            image_seed = seed + index
+            sent_partials = 0
+
+            def on_step(step: pipeline.Step, index: int = index, seed: int = image_seed) -> None:
+                nonlocal sent_partials
+                if inbox.should_stop(task_id):
+                    raise pipeline.Cancelled(f"after step {step.done - 1} of {step.total}")
+                out.chunk(
+                    ProgressChunk(task_id=task_id, step=step.done, total=step.total, index=index)
+                )
+                if step.done in pipeline.partial_steps(step.total, request.partial_images):
+                    image = pipeline.decode_latents(
+                        loaded, step.latents, request.width, request.height
+                    )
+                    data = pipeline.encode_image(image, request.output_format, request.quality)
+                    out.chunk(
+                        ImageChunk(
+                            task_id=task_id,
+                            index=index,
+                            data=data,
+                            format=request.output_format,
+                            width=image.width,
+                            height=image.height,
+                            partial=True,
+                            partial_index=sent_partials,
+                            seed=seed,
+                        )
+                    )
+                    sent_partials += 1
+
+            image = pipeline.generate(
+                loaded,
+                prompt=request.prompt,
+                seed=image_seed,
+                width=request.width,
+                height=request.height,
+                steps=steps,
+                guidance=guidance,
+                negative_prompt=request.negative_prompt,
+                input_image=request.input_image,
+                on_step=on_step,
+            )
+            if inbox.should_stop(task_id):
+                raise pipeline.Cancelled
+            out.chunk(
+                ImageChunk(
+                    task_id=task_id,
+                    index=index,
+                    data=pipeline.encode_image(image, request.output_format, request.quality),
+                    format=request.output_format,
+                    width=image.width,
+                    height=image.height,
+                    seed=image_seed,
+                )
+            )
+        out.chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=Usage()))
+    except pipeline.Cancelled as e:
+        # In the node's log: how far a cancelled generation got.
+        print(f"image task {task_id} cancelled {e}".rstrip(), file=sys.stderr, flush=True)
+        out.chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.CANCELLED))
+    except Exception as e:
+        # One bad request (an undecodable upload, say) fails alone; the runner keeps serving.
+        out.chunk(ErrorChunk(task_id=task_id, message=f"image generation failed: {e}"))
+    finally:
+        inbox.cancelled.discard(task_id)
+
+
+def _warm_up(loaded: object) -> None:
+    from exo_engine_mflux import pipeline
+
+    assert isinstance(loaded, pipeline.LoadedModel)
+    pipeline.generate(
+        loaded,
+        prompt="warm up",
+        seed=0,
+        width=64,
+        height=64,
+        steps=1,
+        guidance=loaded.default_guidance,
+        negative_prompt=None,
+        input_image=None,
+        on_step=lambda step: None,
+    )
+
+
+def serve(conn: Connection, launch: Launch) -> int:
+    out = Outbox(conn)
+    inbox = Inbox()
+    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
+    spec = launch.spec
+    try:
+        from pathlib import Path
+
+        from exo_engine_mflux import pipeline
+
+        out.status(RunnerStatus.LOADING)
+        loaded = pipeline.load(spec.card.family, Path(spec.model_path))
+        if launch.warmup:
+            out.status(RunnerStatus.WARMING_UP)
+            _warm_up(loaded)
+    except Exception as e:
+        detail = "".join(traceback.format_exception(e)[-2:])
+        out.status(RunnerStatus.FAILED, f"loading failed: {e}\n{detail}")
+        return 1
+    out.status(RunnerStatus.READY)
+    while True:
+        message = inbox.queue.get()
+        if isinstance(message, Shutdown):
+            return 0
+        if message.task_id in inbox.cancelled:  # cancelled while it waited its turn
+            inbox.cancelled.discard(message.task_id)
+            out.chunk(FinishChunk(task_id=message.task_id, finish_reason=FinishReason.CANCELLED))
+            continue
+        run_request(loaded, message.task_id, message.request, inbox, out)
+        if inbox.stopping.is_set():
+            return 0
+
+
+def main(conn: Connection, launch_bytes: bytes) -> None:
+    """The subprocess entry point (started with the `spawn` method)."""
+    code = serve(conn, decode_launch(launch_bytes))
+    conn.close()
+    sys.exit(code)

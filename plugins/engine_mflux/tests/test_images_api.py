@@ -1,0 +1,220 @@
+"""The image routes end to end: the official openai client against a real `exo` process
+running the tiny FLUX.1 model in a real image runner (mflux's own loader and pipeline)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+
+import httpx
+import openai
+import pytest
+from PIL import Image
+
+from .conftest import MODEL_ID, SIZE, ImageNode, png_bytes
+
+pytestmark = pytest.mark.slow
+
+FAST = {"seed": 7, "num_inference_steps": 1}
+
+
+def _image(b64: str | None) -> Image.Image:
+    assert b64
+    image = Image.open(io.BytesIO(base64.b64decode(b64)))
+    image.load()
+    return image
+
+
+def test_generate_returns_a_png_of_the_requested_size_and_a_seed_repeats(
+    image_node: ImageNode,
+) -> None:
+    client = image_node.client()
+    first = client.images.generate(
+        model=MODEL_ID, prompt="a red cat", size=SIZE, extra_body={"advanced_params": FAST}
+    )
+    assert first.data is not None and len(first.data) == 1
+    image = _image(first.data[0].b64_json)
+    assert (image.format, image.size) == ("PNG", (64, 64))
+    again = client.images.generate(
+        model=MODEL_ID, prompt="a red cat", size=SIZE, extra_body={"advanced_params": FAST}
+    )
+    assert again.data is not None
+    assert again.data[0].b64_json == first.data[0].b64_json
+    other = client.images.generate(
+        model=MODEL_ID,
+        prompt="a red cat",
+        size=SIZE,
+        extra_body={"advanced_params": {**FAST, "seed": 8}},
+    )
+    assert other.data is not None and other.data[0].b64_json != first.data[0].b64_json
+
+
+def test_url_answers_are_served_from_the_image_store(image_node: ImageNode) -> None:
+    client = image_node.client()
+    answer = client.images.generate(
+        model=MODEL_ID,
+        prompt="a blue house",
+        size="96x64",
+        response_format="url",
+        output_format="jpeg",
+        extra_body={"advanced_params": FAST},
+    )
+    assert answer.data is not None and answer.data[0].url
+    fetched = httpx.get(answer.data[0].url, timeout=10)
+    assert fetched.headers["content-type"] == "image/jpeg"
+    image = Image.open(io.BytesIO(fetched.content))
+    assert (image.format, image.size) == ("JPEG", (96, 64))
+    listed = httpx.get(f"{image_node.url}/images", timeout=10).json()["data"]
+    assert answer.data[0].url.rsplit("/", 1)[1] in [i["id"] for i in listed]
+    missing = httpx.get(f"{image_node.url}/images/img_{'0' * 32}.png", timeout=10)
+    assert missing.status_code == 404 and "error" in missing.json()
+
+
+def test_stream_sends_progress_and_partial_images_before_the_final_one(
+    image_node: ImageNode,
+) -> None:
+    client = image_node.client()
+    stream = client.images.generate(
+        model=MODEL_ID,
+        prompt="a green tree",
+        size=SIZE,
+        stream=True,
+        partial_images=2,
+        extra_body={"advanced_params": {"seed": 1, "num_inference_steps": 3}},
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[-1] == "image_generation.completed"
+    assert kinds.count("image_generation.completed") == 1
+    partials = [e for e in events if e.type == "image_generation.partial_image"]
+    assert len(partials) == 2  # after steps 1 and 2 of 3
+    assert [getattr(p, "partial_image_index", None) for p in partials] == [0, 1]
+    assert _image(partials[0].b64_json).size == (64, 64)
+    progress = [e for e in events if e.type == "image_generation.progress"]
+    assert [(getattr(p, "step", 0), getattr(p, "total", 0)) for p in progress] == [
+        (1, 3),
+        (2, 3),
+        (3, 3),
+    ]
+    assert _image(events[-1].b64_json).size == (64, 64)
+
+
+def test_edit_takes_an_uploaded_image(image_node: ImageNode) -> None:
+    client = image_node.client()
+    answer = client.images.edit(
+        model=MODEL_ID,
+        image=("input.png", png_bytes((80, 80)), "image/png"),
+        prompt="make it blue",
+        size=SIZE,
+        extra_body={"advanced_params": json.dumps({"seed": 2, "num_inference_steps": 3})},
+    )
+    assert answer.data is not None
+    assert _image(answer.data[0].b64_json).size == (64, 64)
+
+
+def test_a_disconnect_cancels_at_the_next_step_and_the_next_request_runs(
+    image_node: ImageNode,
+) -> None:
+    body = {
+        "model": MODEL_ID,
+        "prompt": "a long one",
+        "size": SIZE,
+        "stream": True,
+        "advanced_params": {"seed": 3, "num_inference_steps": 200},
+    }
+    steps_seen = 0
+    with httpx.stream(
+        "POST", f"{image_node.url}/v1/images/generations", json=body, timeout=120
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:") and "progress" in line:
+                steps_seen += 1
+                break  # leave after the first step: the client goes away
+    assert steps_seen == 1
+    # The runner serves one request at a time: this one answers only once the 200-step
+    # generation has stopped (else it would wait minutes and the test would time out).
+    answer = image_node.client().images.generate(
+        model=MODEL_ID, prompt="next", size=SIZE, extra_body={"advanced_params": FAST}
+    )
+    assert answer.data is not None and _image(answer.data[0].b64_json).size == (64, 64)
+    tasks = httpx.get(f"{image_node.url}/state/tasks", timeout=10).json()
+    assert tasks == {}
+    # The runner stopped at a step boundary soon after the client left, not after 200 steps.
+    stopped = re.findall(r"cancelled after step (\d+) of 200", image_node.log())
+    assert len(stopped) == 1 and int(stopped[0]) < 20, stopped
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        ({"prompt": "x", "size": "banana"}, "size"),
+        ({"prompt": "x", "size": "100x100"}, "multiple of 16"),
+        ({"prompt": "x", "advanced_params": {"num_inference_steps": 0}}, "num_inference_steps"),
+        ({"size": SIZE}, "prompt"),
+        ({"prompt": "x", "n": 0}, "n must be"),
+        ({"prompt": "x", "advanced_params": {"sampler": "euler"}}, "sampler"),
+        ({"prompt": "x", "response_format": "gif"}, "response_format"),
+        ({"prompt": "x", "model": "SmolLM2-135M-Instruct"}, "generates text"),
+        ({"prompt": "x", "model": "no-such-model"}, "no-such-model"),
+    ],
+)
+def test_bad_generation_requests_get_openai_errors(
+    image_node: ImageNode, body: dict[str, object], fragment: str
+) -> None:
+    response = httpx.post(
+        f"{image_node.url}/v1/images/generations",
+        json={"model": MODEL_ID, **body},
+        timeout=10,
+    )
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert fragment in error["message"] and error["type"] == "invalid_request_error"
+
+
+def test_bad_edits_get_openai_errors(image_node: ImageNode) -> None:
+    client = image_node.client()
+    with pytest.raises(openai.BadRequestError, match="PNG, JPEG or WebP"):
+        client.images.edit(
+            model=MODEL_ID, image=("notes.txt", b"not an image", "text/plain"), prompt="x"
+        )
+    not_multipart = httpx.post(
+        f"{image_node.url}/v1/images/edits", json={"model": MODEL_ID, "prompt": "x"}, timeout=10
+    )
+    assert (
+        not_multipart.status_code == 400 and "multipart" in not_multipart.json()["error"]["message"]
+    )
+
+
+def test_text_and_image_models_are_told_apart(image_node: ImageNode) -> None:
+    client = image_node.client()
+    with pytest.raises(openai.BadRequestError, match="generates images"):
+        client.chat.completions.create(model=MODEL_ID, messages=[{"role": "user", "content": "hi"}])
+    ollama_chat = httpx.post(
+        f"{image_node.url}/api/chat",
+        json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}]},
+        timeout=10,
+    )
+    assert ollama_chat.status_code == 400 and "generates images" in ollama_chat.json()["error"]
+    models = {
+        m["id"]: m for m in httpx.get(f"{image_node.url}/v1/models", timeout=10).json()["data"]
+    }
+    assert models[MODEL_ID]["tasks"] == ["image_generation", "image_edit"]
+    assert models["SmolLM2-135M-Instruct"]["tasks"] == ["text_generation"]
+    tags = {
+        m["name"]: m for m in httpx.get(f"{image_node.url}/api/tags", timeout=10).json()["models"]
+    }
+    assert "image" in tags[MODEL_ID]["capabilities"]
+    assert "image" not in tags["SmolLM2-135M-Instruct"]["capabilities"]
+    native = {
+        m["model_id"]: m for m in httpx.get(f"{image_node.url}/models", timeout=10).json()["models"]
+    }
+    card = native[MODEL_ID]
+    assert card["tasks"] == ["image_generation", "image_edit"]
+    assert {c["name"]: c["splittable"] for c in card["components"]} == {
+        "transformer": True,
+        "vae": False,
+        "clip_encoder": False,
+        "t5_encoder": False,
+    }

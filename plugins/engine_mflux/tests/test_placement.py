@@ -1,0 +1,83 @@
+"""Where image models go: one node with the image engine and room for every component."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exo_core.ids import ModelId, NodeId
+from exo_core.model_cards import ModelCard, load_card_file
+from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.state import NodeInfo, NodeResources, State
+from exo_engine_mflux.placement import memory_needed, place_image_model
+
+GB = 1_000_000_000
+CARDS = Path(__file__).parents[3] / "resources" / "model_cards"
+
+
+def _node(name: str, free_gb: float, engines: tuple[str, ...] = ("mlx", "mflux")) -> NodeInfo:
+    resources = NodeResources(memory_available=int(free_gb * GB), engines=engines)
+    return NodeInfo(node_id=NodeId(name), resources=resources)
+
+
+def _state(*nodes: NodeInfo) -> State:
+    return State(nodes={n.node_id: n for n in nodes})
+
+
+def _schnell() -> ModelCard:
+    return load_card_file(CARDS / "black-forest-labs--FLUX.1-schnell.toml")
+
+
+def _request(card: ModelCard, **kw: object) -> PlacementRequest:
+    return PlacementRequest(model_id=ModelId(card.model_id), **kw)  # type: ignore[arg-type]
+
+
+def test_bf16_components_need_twice_their_size_in_fp32() -> None:
+    card = _schnell()
+    assert memory_needed(card) == 2 * sum(c.storage_size_bytes for c in card.components)
+    assert sum(c.storage_size_bytes for c in card.components) == card.storage_size_bytes
+
+
+def test_only_nodes_with_the_image_engine_and_room_are_offered() -> None:
+    card = _schnell()
+    state = _state(
+        _node("a", 100), _node("b", 200, engines=("mlx",)), _node("c", 30), _node("d", 80)
+    )
+    options = place_image_model(card, _request(card), state)
+    assert [o.node_ids for o in options] == [(NodeId("a"),), (NodeId("d"),)]
+    assert options[0].shares[0].memory_bytes == memory_needed(card)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "request_kw", "reason"),
+    [
+        ((_node("a", 30),), {}, "not enough free memory"),
+        ((_node("a", 500, engines=("mlx",)),), {}, "no node runs the image engine"),
+        ((_node("a", 500), _node("b", 500)), {"min_nodes": 2}, "not supported yet"),
+        ((_node("a", 500),), {"sharding": "tensor"}, "no tensor parallel"),
+    ],
+)
+def test_refusals_name_the_reason(
+    nodes: tuple[NodeInfo, ...], request_kw: dict[str, object], reason: str
+) -> None:
+    card = _schnell()
+    with pytest.raises(PlacementRefused, match=reason) as refused:
+        place_image_model(card, _request(card, **request_kw), _state(*nodes))
+    if reason.startswith("not enough"):
+        assert "transformer 23.8 GB" in str(refused.value)
+
+
+def test_families_the_engine_cannot_run_are_refused() -> None:
+    card = load_card_file(CARDS / "Qwen--Qwen-Image.toml")
+    with pytest.raises(PlacementRefused, match="does not run the model family 'qwen-image'"):
+        place_image_model(card, _request(card), _state(_node("a", 500)))
+
+
+def test_the_engine_refuses_splits_too() -> None:
+    from exo_engine_mflux.engine import MfluxEngine
+
+    engine, card = MfluxEngine(), _schnell()
+    assert engine.can_serve(card)
+    assert engine.sharding_refusal(card, "pipeline", 1) is None
+    assert "one node" in (engine.sharding_refusal(card, "pipeline", 2) or "")
