@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
 
-import exo_api_openai.plugin as openai_plugin
 import exo_dashboard.plugin as dashboard_plugin
 from exo_core.testing.harness import RunningNode, running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
@@ -55,9 +54,9 @@ class WatchedPage:
 
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
-    """One in-process node for the quick tests: the dashboard, the OpenAI API, the scripted
-    engine, and the stand-ins (an image route and two more cards)."""
-    plugins = [dashboard_plugin, openai_plugin, ScriptedEnginePlugin(delay_s=0.05), StandIns()]
+    """One in-process node for the quick tests: the dashboard, the scripted engine, and the
+    stand-ins (the OpenAI API with a stand-in image route, and two more cards)."""
+    plugins = [dashboard_plugin, ScriptedEnginePlugin(delay_s=0.05), StandIns()]
     with running_node(tmp_path_factory.mktemp("dashboard"), plugins) as node:
         yield node
 

@@ -13,9 +13,15 @@ import anyio
 from litestar import post
 from litestar.response import Stream
 
+from exo_api_openai.errors import api_error
+from exo_api_openai.routes import chat_completions, create_response, get_model, list_models
+from exo_core import placement
+from exo_core.api.dialect import dialect_router
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard, ModelTask
+from exo_core.placement_types import PlacementOption, PlacementRequest
+from exo_core.state import State
 
 IMAGE_MODEL = "scripted-painter"
 HUGE_MODEL = "scripted-huge"
@@ -45,7 +51,7 @@ def _event(kind: str, **fields: object) -> bytes:
 RECEIVED: list[dict[str, object]] = []
 
 
-@post("/v1/images/generations")
+@post("/images/generations")
 async def images_stand_in(data: dict[str, object]) -> Stream:
     """A progress event, two partial images, then the final one; a prompt with "slow" never
     finishes. Each request body is kept in RECEIVED."""
@@ -67,9 +73,20 @@ async def images_stand_in(data: dict[str, object]) -> Stream:
 
 
 class StandIns:
+    """The OpenAI dialect without its real image routes (the scripted engine makes no images),
+    and the stand-in image route in their place."""
+
     @hookimpl
     def exo_routes(self) -> list[object]:
-        return [images_stand_in]
+        handlers = [chat_completions, create_response, list_models, get_model]
+        return [dialect_router("/v1", [*handlers, images_stand_in], error_body=api_error)]
+
+    @hookimpl
+    def exo_place_instance(
+        self, card: ModelCard, request: PlacementRequest, state: State
+    ) -> list[PlacementOption] | None:
+        # Image models are placed by an image engine plugin; this one stands in for it.
+        return placement.place(card, request, state) if card.model_id == IMAGE_MODEL else None
 
     @hookimpl
     def exo_model_cards(self) -> list[ModelCard]:
