@@ -167,6 +167,15 @@ def test_count_tokens(claude: anthropic.Anthropic) -> None:
         messages=[{"role": "user", "content": "hi " * 100}],
     )
     assert 0 < short.input_tokens < long.input_tokens
+    # Exact: what the engine counts for the same conversation in a message.
+    reply = claude.messages.create(
+        model="scripted-echo",
+        max_tokens=4,
+        system="a system prompt",
+        tools=[WEATHER],
+        messages=[{"role": "user", "content": "hi " * 100}],
+    )
+    assert long.input_tokens == reply.usage.input_tokens
 
 
 # -- the raw wire ----------------------------------------------------------------------------

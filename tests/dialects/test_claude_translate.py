@@ -15,7 +15,6 @@ from exo_core.generation import (
     ErrorChunk,
     FinishChunk,
     FinishReason,
-    GenerationParams,
     KeepAliveChunk,
     TextChunk,
     ThinkingChunk,
@@ -236,10 +235,3 @@ def test_stop_reasons() -> None:
     assert translate.stop_reason(length) == ("max_tokens", None)
     tools = FinishChunk(task_id=T, finish_reason=FinishReason.TOOL_CALLS)
     assert translate.stop_reason(tools) == ("tool_use", None)
-
-
-def test_approximate_tokens_grows_with_input() -> None:
-    small = translate.messages(_req(messages=[{"role": "user", "content": "hi"}]))
-    large = translate.messages(_req(messages=[{"role": "user", "content": "hi " * 400}]))
-    assert translate.approximate_tokens(GenerationParams(messages=small)) == 5
-    assert translate.approximate_tokens(GenerationParams(messages=large)) == 4 + 300

@@ -52,7 +52,12 @@ class StandInService(GenerationService):
         return ECHO
 
     async def generate(
-        self, model_id: str, params: GenerationParams, names: Any = None
+        self,
+        model_id: str,
+        params: GenerationParams,
+        names: Any = None,
+        *,
+        request_id: str | None = None,
     ) -> AsyncIterator[Chunk]:
         if self.bug is not None:
             raise self.bug

@@ -67,6 +67,11 @@ class NodeContext(Protocol):
         the command's events, so that `state` shows their effect."""
         ...
 
+    async def download(self, card: ModelCard) -> None:
+        """Fetch `card`'s model to this node without running it; progress shows in
+        `state.downloads`. Raises `DownloadFailed` (and RuntimeError on a node with no worker)."""
+        ...
+
     def spawn(self, job: Job) -> None:
         """Run `job` in the background while the node runs. A job that raises is logged with
         the plugin's name and dropped; it never stops the node."""

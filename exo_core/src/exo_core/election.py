@@ -27,7 +27,7 @@ from loguru import logger
 
 from exo_core.ids import NodeId
 from exo_core.peer_auth import master_claim_backed
-from exo_core.terms import next_term
+from exo_core.terms import next_term, term_round
 from exo_core.wire import Campaign
 
 
@@ -44,6 +44,16 @@ class ElectionTiming:
 
 def is_majority(count: int, members: int) -> bool:
     return count > members // 2
+
+
+# How many election rounds a vote may run ahead of the master's term (elections that failed
+# while a node was cut off); a vote beyond that is not believed.
+MAX_ROUNDS_AHEAD = 1024
+
+
+def plausible_later_vote(voted_term: int, term: int) -> bool:
+    """Whether a vote in `voted_term` is newer than `term` and could be a real one."""
+    return term < voted_term and term_round(voted_term) <= term_round(term) + MAX_ROUNDS_AHEAD
 
 
 def rank_key(c: Campaign) -> tuple[bool, int, int, int, int, str]:
@@ -136,14 +146,12 @@ class Election:
                 await self._step_down()
                 await self._set_following(best_master)
                 return
-            later = [c for c in others if c.voted_term > me.term]
-            acking = 1 + len(others) - len(later)
-            # The master's own membership (its replicated state), not what campaigns claim.
-            if later and not is_majority(acking, max(me.members, acking)):
-                # Those nodes voted in a newer term and so no longer acknowledge ours; without
-                # them no majority is left and nothing could commit. Step down so that an
-                # election picks a term after their votes. (One node's word is not enough:
-                # a member lying about its vote must not depose a master that can commit.)
+            # Nodes that voted in a newer term no longer acknowledge ours, and cannot follow
+            # us: step down so that an election picks a term after their votes. A vote
+            # rounds beyond any election that could have happened is a lie (a member forging
+            # campaigns), and does not depose a master.
+            later = [c for c in others if plausible_later_vote(c.voted_term, me.term)]
+            if later:
                 voted = max(later, key=lambda c: c.voted_term)
                 logger.info(
                     f"stepping down: {len(later)} node(s) voted after our term ({me.term}), "

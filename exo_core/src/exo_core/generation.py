@@ -78,6 +78,13 @@ class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     enable_thinking: bool | None = None
+    # Count the prompt's tokens (chat template and tools included) and generate nothing: the
+    # engine answers one `FinishChunk` whose usage has `prompt_tokens` (exact count_tokens).
+    count_only: bool = False
+    # Never end at end-of-sequence, so that exactly `max_tokens` come out (benchmarks).
+    ignore_eos: bool = False
+    # Look the prompt up in (and store it into) the runner's prefix cache.
+    prefix_cache: bool = True
 
 
 class FinishReason(StrEnum):
@@ -108,6 +115,8 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tps: float = 0.0
     generation_tps: float = 0.0
     time_to_first_token_s: float = 0.0
+    # The most memory the runner held so far (its peak), in bytes; 0 when unknown.
+    peak_memory_bytes: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -148,9 +157,14 @@ class ErrorChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class KeepAliveChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    """Nothing new yet (a long prefill); dialects send their own keep-alive."""
+    """Nothing new yet (a long prefill); dialects send their own keep-alive.
+
+    An engine that prefills in steps sends one per step with its progress (`prefill_total` > 0):
+    `prefill_processed` of `prefill_total` prompt tokens are done."""
 
     task_id: TaskId
+    prefill_processed: int = 0
+    prefill_total: int = 0
 
 
 class ProgressChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -46,6 +46,7 @@ from exo_core.generation import (
 )
 from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
 from exo_core.master import Master
+from exo_core.metrics import NodeMetrics
 from exo_core.model_cards import ModelCard, index_cards
 from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
 from exo_core.peer_auth import (
@@ -183,6 +184,7 @@ class Node:
         self.ready = anyio.Event()
         self.replica.listen(self._observe)
         self.generation = GenerationService(self, keepalive_s=config.keepalive_s)
+        self.metrics = NodeMetrics(self)
         self.worker: Worker | None = None
         if config.worker:
             self.worker = Worker(
@@ -264,26 +266,40 @@ class Node:
         envelope = CommandEnvelope(
             command_id=CommandId(new_id("cmd")), origin=self.node_id, command=command
         )
+        started = time.perf_counter()
         with anyio.fail_after(timeout, shield=False):
-            while True:
-                if self.master is not None:
-                    return await self.master.handle(envelope)
-                target = self.election.master
-                if target is not None and target != self.node_id:
-                    try:
-                        raw = await self.transport.request(target, encode(envelope), timeout=10)
-                        answer = self._decode_answer(target, raw)
-                        if isinstance(answer, CommandResult):
-                            return answer
-                    except TransportError as e:
-                        logger.debug(f"command to master {target} failed: {e}")
-                await anyio.sleep(0.1)
+            result = await self._send_envelope(envelope)
+        self.metrics.command_duration.labels(type(command).__name__).observe(
+            time.perf_counter() - started
+        )
+        return result
+
+    async def _send_envelope(self, envelope: CommandEnvelope) -> CommandResult:
+        while True:
+            if self.master is not None:
+                return await self.master.handle(envelope)
+            target = self.election.master
+            if target is not None and target != self.node_id:
+                try:
+                    raw = await self.transport.request(target, encode(envelope), timeout=10)
+                    answer = self._decode_answer(target, raw)
+                    if isinstance(answer, CommandResult):
+                        return answer
+                except TransportError as e:
+                    logger.debug(f"command to master {target} failed: {e}")
+            await anyio.sleep(0.1)
 
     async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
         if node == self.node_id:
             self.router.deliver(chunk)
             return
         await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
+
+    async def download(self, card: ModelCard) -> None:
+        """Fetch `card`'s model to this node without running it (its worker reports progress)."""
+        if self.worker is None:
+            raise RuntimeError("this node runs no worker (--no-worker): it keeps no models")
+        await self.worker.download(card)
 
     async def run_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
         """Send `command`, then wait (up to `timeout` again) until this node has applied its

@@ -121,7 +121,7 @@ from exo_core.paths import (
     model_path,
     remove_model_dir,
 )
-from exo_core.placement import human_bytes, runnable, split_layers
+from exo_core.placement import human_bytes, place, runnable, split_layers
 from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.redact import public_message
 from exo_core.service import (
@@ -301,6 +301,7 @@ __all__ = [
     "network_key",
     "new_id",
     "parse_size",
+    "place",
     "preload_works",
     "public_message",
     "read_hermes",

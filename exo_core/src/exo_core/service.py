@@ -7,7 +7,9 @@ thinking and tool calls. Leaving the stream early (a client that disconnects) ca
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 import anyio
@@ -24,7 +26,9 @@ from exo_core.generation import (
     GenerationParams,
     KeepAliveChunk,
     TextChunk,
+    ThinkingChunk,
     ToolCallChunk,
+    Usage,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
@@ -87,6 +91,9 @@ class GenerationService:
         self._node = node
         self._keepalive_s = keepalive_s
         self._placing: dict[ModelId, anyio.Lock] = {}
+        # The generations this node's API is streaming, by the id their response carries (and
+        # by task id), so that `POST /v1/cancel/{id}` can reach them from another connection.
+        self._streaming: dict[str, TaskId] = {}
 
     def resolve(self, model_id: str) -> ModelCard:
         card = self._node.card(model_id)
@@ -127,19 +134,53 @@ class GenerationService:
         return candidates[0] if candidates else None
 
     async def generate(
-        self, model_id: str, params: GenerationParams, names: FieldNames | None = None
-    ) -> AsyncIterator[Chunk]:
+        self,
+        model_id: str,
+        params: GenerationParams,
+        names: FieldNames | None = None,
+        *,
+        request_id: str | None = None,
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream a generation. Raises `GenerationError` before the first chunk when refused;
         `names` are the dialect's names for the fields a refusal names.
+
+        `request_id` is the id the dialect's response carries (a chat completion id, say):
+        `cancel(request_id)` then ends the generation from anywhere on this node.
 
         Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
         cancels the task at once."""
         card = self.resolve(model_id)
         validate(card, params, names)
         instance = await self.instance_for(card)
-        return self._stream(card, instance.instance_id, params)
+        return self._stream(card, instance.instance_id, params, request_id=request_id)
 
-    async def generate_images(self, model_id: str, request: ImageRequest) -> AsyncIterator[Chunk]:
+    async def count_tokens(self, model_id: str, params: GenerationParams) -> int:
+        """The exact prompt tokens of a request, as the model's runner tokenizes it (chat
+        template and tools included). Places the model when needed, like a generation."""
+        counting = msgspec.structs.replace(params, count_only=True, max_tokens=None)
+        async with aclosing(await self.generate(model_id, counting)) as chunks:
+            async for chunk in chunks:
+                if isinstance(chunk, FinishChunk):
+                    return chunk.usage.prompt_tokens
+                if isinstance(chunk, ErrorChunk):
+                    raise NoInstance(f"counting tokens failed: {chunk.message}")
+        raise NoInstance("counting tokens ended without an answer")
+
+    async def cancel(self, request_id: str) -> bool:
+        """Cancel a running generation by its response id or task id. False when unknown."""
+        task_id = self._streaming.get(request_id)
+        if task_id is None and TaskId(request_id) in self._node.state.tasks:
+            task_id = TaskId(request_id)
+        if task_id is None:
+            return False
+        result = await self._node.send_command(CancelTask(task_id=task_id), timeout=10)
+        if result.ok:
+            await self._node.replica.wait_for(result.last_index, timeout=5)
+        return result.ok
+
+    async def generate_images(
+        self, model_id: str, request: ImageRequest
+    ) -> AsyncGenerator[Chunk, None]:
         """Stream an image generation (progress, partial and final images, then a finish).
 
         Raises `GenerationError` before the first chunk when refused; leaving early cancels."""
@@ -157,7 +198,8 @@ class GenerationService:
         instance_id: InstanceId,
         params: GenerationParams,
         image: ImageRequest | None = None,
-    ) -> AsyncIterator[Chunk]:
+        request_id: str | None = None,
+    ) -> AsyncGenerator[Chunk, None]:
         node = self._node
         task = Task(
             task_id=TaskId(new_id("task")),
@@ -168,10 +210,13 @@ class GenerationService:
             image=image,
         )
         chunks = node.router.open(task.task_id, instance_id)
+        ids = {task.task_id, *([request_id] if request_id else [])}
+        self._streaming.update(dict.fromkeys(ids, task.task_id))
         node.bodies.hold(task)  # rank 0 fetches it from here; the log never sees it
         parser = node.parser_for(card, params) if image is None else None
         done = False
         called_tools = False
+        timing = _Timing()
         try:
             result = await node.send_command(SubmitTask(task=without_body(task)))
             if not result.ok:
@@ -192,6 +237,8 @@ class GenerationService:
                 else:
                     parsed = [chunk]
                 for piece in parsed:
+                    if isinstance(piece, TextChunk | ThinkingChunk | ToolCallChunk):
+                        timing.output()
                     if isinstance(piece, ToolCallChunk):
                         called_tools = True
                     if isinstance(piece, FinishChunk):
@@ -200,13 +247,18 @@ class GenerationService:
                             piece = msgspec.structs.replace(
                                 piece, finish_reason=FinishReason.TOOL_CALLS
                             )
+                        if not params.count_only:
+                            self._account(card, piece.finish_reason, piece.usage, timing)
                     if isinstance(piece, ErrorChunk):
                         done = True
+                        self._account(card, FinishReason.ERROR, Usage(), timing)
                     yield piece
                 if done:
                     return
         finally:
             node.router.close(task.task_id)
+            for key in ids:
+                self._streaming.pop(key, None)
             node.bodies.release(task.task_id)
             if not done:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(5):
@@ -214,3 +266,28 @@ class GenerationService:
                         await node.send_command(CancelTask(task_id=task.task_id), timeout=5)
                     except Exception as e:
                         logger.debug(f"cancel of {task.task_id} not sent: {e!r}")
+
+    def _account(
+        self, card: ModelCard, reason: FinishReason, usage: Usage, timing: _Timing
+    ) -> None:
+        self._node.metrics.observe_generation(
+            card.model_id,
+            reason,
+            usage,
+            first_output_s=timing.first,
+            last_output_s=timing.last,
+        )
+
+
+class _Timing:
+    """When a generation's first and last outputs reached the API, in seconds since submission."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.first: float | None = None
+        self.last: float | None = None
+
+    def output(self) -> None:
+        self.last = time.perf_counter() - self.started
+        if self.first is None:
+            self.first = self.last

@@ -121,6 +121,10 @@ class RunnerInfo(msgspec.Struct, frozen=True, kw_only=True):
     status: RunnerStatus
     error: str | None = None
     failures: int = 0
+    # When the current status began (wall clock, the worker's), and the seconds each earlier
+    # stage of this start took (downloading, connecting, loading, warming_up...).
+    since: float = 0.0
+    stage_seconds: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class TaskStatus(StrEnum):

@@ -10,6 +10,7 @@ deleted.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
@@ -76,6 +77,8 @@ class _Local:
         self.shard = shard
         self.runner: Runner | None = None
         self.status = RunnerStatus.PENDING
+        self.since = time.time()
+        self.stage_seconds: dict[str, float] = {}
         self.ready = anyio.Event()
         self.scope = anyio.CancelScope()
 
@@ -223,6 +226,14 @@ class Worker:
         )
 
     def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
+        now = time.time()
+        if status != local.status:
+            # A restart begins its stages afresh; READY <-> RUNNING is serving, not a stage.
+            if local.status in (RunnerStatus.FAILED, RunnerStatus.STOPPED):
+                local.stage_seconds = {}
+            elif local.status not in (RunnerStatus.READY, RunnerStatus.RUNNING):
+                local.stage_seconds[local.status.value] = round(now - local.since, 3)
+            local.since = now
         local.status = status
         if status == RunnerStatus.READY:
             # The counter counts failures in a row: a runner that came up again starts over.
@@ -240,9 +251,40 @@ class Worker:
                     status=status,
                     error=error,
                     failures=failures,
+                    since=local.since,
+                    stage_seconds=dict(local.stage_seconds),
                 )
             )
         )
+
+    async def download(self, card: ModelCard) -> Path:
+        """Fetch a model to this node without running it (`exo pull`); progress, completion and
+        failure reach state like a placement's download. Raises `DownloadFailed`."""
+        if self._downloader is None:
+            raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
+        found = self._downloader.find_local(card)
+        if found is not None:
+            self._report_complete(card, found)
+            return found
+
+        def progress(p: DownloadProgress) -> None:
+            self.report(
+                DownloadProgressed(progress=msgspec.structs.replace(p, node_id=self.node_id))
+            )
+
+        try:
+            path = await self._downloader.ensure(card, progress)
+        except DownloadFailed as e:
+            failed = DownloadProgress(
+                node_id=self.node_id,
+                model_id=card.model_id,
+                status=DownloadStatus.FAILED,
+                error=str(e),
+            )
+            self.report(DownloadProgressed(progress=failed))
+            raise
+        self._report_complete(card, path)
+        return path
 
     # -- runners ------------------------------------------------------------------------------
 

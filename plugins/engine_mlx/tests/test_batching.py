@@ -16,6 +16,7 @@ from exo_core.plugin import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    KeepAliveChunk,
     SamplingParams,
     TaskId,
     TextChunk,
@@ -247,6 +248,23 @@ def test_stop_string_split_across_tokens(loaded: tuple[Any, Any]) -> None:
     emitted = "".join(stream.add(i) for i in tokenizer.encode(sample, add_special_tokens=False))
     emitted += stream.finish()
     assert emitted == "the quick " and stream.stopped
+
+
+def test_a_long_prompt_reports_prefill_progress_step_by_step(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    prompt = " ".join(PROMPTS * 3)
+    stepped = BatchEngine(model, tokenizer, prefill_step_size=8)
+    chunks = run(stepped, {"t": params(prompt, max_tokens=4)})["t"]
+    progress = [c for c in chunks if isinstance(c, KeepAliveChunk)]
+    assert len(progress) >= 3
+    total = progress[0].prefill_total
+    assert total > 24 and all(c.prefill_total == total for c in progress)
+    done = [c.prefill_processed for c in progress]
+    assert done == sorted(done) and done[0] == 8 and done[-1] < total
+    # Stepping the prefill changes nothing in the answer.
+    whole = run(BatchEngine(model, tokenizer), {"t": params(prompt, max_tokens=4)})["t"]
+    assert text(chunks) == text(whole)
+    assert not any(isinstance(c, KeepAliveChunk) for c in whole)
 
 
 # -- one request's failure stays its own ---------------------------------------------------------

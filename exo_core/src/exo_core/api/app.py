@@ -12,6 +12,7 @@ from litestar.openapi import OpenAPIConfig
 from exo_core.api.errors import on_http_error, on_validation_error
 from exo_core.api.native import NativeController
 from exo_core.api.security import HttpPolicy, cors_config, guards, host_guard_middleware
+from exo_core.metrics import metrics_middleware
 from exo_core.node import Node
 
 
@@ -66,7 +67,7 @@ def _app(node: Node, handlers: list[Any]) -> Litestar:
         },
         cors_config=cors_config(policy),
         guards=guards(policy),
-        middleware=[host_guard_middleware(policy)],
+        middleware=[metrics_middleware(node.metrics), host_guard_middleware(policy)],
         openapi_config=OpenAPIConfig(title="exo", version="0.1.0", path="/schema"),
         debug=False,
     )

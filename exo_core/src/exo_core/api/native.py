@@ -14,9 +14,11 @@ from litestar.params import FromPath, FromQuery, JSONBody
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 from loguru import logger
 
+from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
 from exo_core.ids import InstanceId, ModelId
+from exo_core.metrics import CONTENT_TYPE_LATEST
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
 from exo_core.state import DownloadStatus, Sharding
@@ -28,6 +30,10 @@ class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     model_id: str
     sharding: Sharding = "pipeline"
     min_nodes: int = 1
+
+
+class CancelBody(msgspec.Struct):
+    """No fields: the id to cancel is in the path (a body, if any, is ignored)."""
 
 
 class InstanceCreatedBody(msgspec.Struct):
@@ -221,6 +227,22 @@ class NativeController(Controller):
             return native_error(result.status, result.message)
         await node.replica.wait_for(result.last_index, timeout=5)
         return Response({"instance_id": instance_id, "deleted": True})
+
+    @post(
+        "/v1/cancel/{command_id:str}",
+        status_code=200,
+        dependencies=documented_body(CancelBody),
+    )
+    async def cancel(self, node: NodeDep, command_id: FromPath[str]) -> Response[Any]:
+        """Cancel a running generation by the id its response carries (or its task id)."""
+        if not await node.generation.cancel(command_id):
+            return native_error(404, f"no running generation '{command_id}'")
+        return Response({"message": "Command cancelled.", "command_id": command_id})
+
+    @get("/metrics")
+    async def metrics(self, node: NodeDep) -> Response[bytes]:
+        """Prometheus text exposition: this node, and the whole cluster on the master."""
+        return Response(node.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @get("/plugins")
     async def plugins(self, node: NodeDep, request: Request) -> dict[str, Any]:

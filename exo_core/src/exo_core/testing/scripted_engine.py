@@ -10,7 +10,8 @@ Register `ScriptedEnginePlugin()` on a node's plugin manager. Its model card
 * `<think>pondering</think>` first, when the card has the thinking capability
   (`scripted-thinker`).
 
-It honours max_tokens (in words), stop sequences, cancellation, and can be slowed per token.
+It honours max_tokens (in words), `ignore_eos`, `count_only`, stop sequences, cancellation,
+and can be slowed per token.
 """
 
 from __future__ import annotations
@@ -111,9 +112,16 @@ class ScriptedRunner(Runner):
         if self._stop.is_set():
             yield ErrorChunk(task_id=task.task_id, message="the runner is stopped")
             return
+        prompt_tokens = sum(len(m.text().split()) for m in task.params.messages) or 1
+        if task.params.count_only:
+            usage = Usage(prompt_tokens=prompt_tokens)
+            yield FinishChunk(task_id=task.task_id, finish_reason=FinishReason.STOP, usage=usage)
+            return
         text = script(self.spec.card, task.params)
         pieces = tokens(text)
         limit = task.params.max_tokens
+        if task.params.ignore_eos and limit is not None:
+            pieces = (pieces * limit)[:limit]  # no end of sequence: say it again
         emitted = ""
         count = 0
         reason = FinishReason.STOP
@@ -156,10 +164,7 @@ class ScriptedRunner(Runner):
             yield TextChunk(task_id=task.task_id, text=piece, logprobs=logprobs)
             count += 1
             await anyio.sleep(self.delay_s)
-        usage = Usage(
-            prompt_tokens=sum(len(m.text().split()) for m in task.params.messages) or 1,
-            completion_tokens=count,
-        )
+        usage = Usage(prompt_tokens=prompt_tokens, completion_tokens=count)
         yield FinishChunk(
             task_id=task.task_id, finish_reason=reason, usage=usage, stop_sequence=matched
         )

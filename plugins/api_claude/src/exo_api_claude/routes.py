@@ -10,7 +10,6 @@ from exo_api_claude import translate
 from exo_api_claude.types import CountTokensRequest, MessagesRequest
 from exo_core.plugin import (
     AnyRequest,
-    GenerationParams,
     InjectedGeneration,
     answer,
     decode_body,
@@ -24,20 +23,25 @@ from exo_core.plugin import (
 async def create_message(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params, translate.FIELD_NAMES)
+    # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
+    message_id = translate.new_id("msg_")
+    chunks = await generation.generate(
+        req.model, params, translate.FIELD_NAMES, request_id=message_id
+    )
     if req.stream:
-        return sse(translate.MessageStream(req.model), chunks)
-    return await answer(request, chunks, lambda collected: translate.message(req.model, collected))
+        return sse(translate.MessageStream(req.model, message_id), chunks)
+    return await answer(
+        request, chunks, lambda collected: translate.message(req.model, collected, message_id)
+    )
 
 
 @post("/count_tokens", status_code=200, dependencies=documented_body(CountTokensRequest))
 async def count_tokens(request: AnyRequest, generation: InjectedGeneration) -> dict[str, int]:
-    """An approximation (see `translate.approximate_tokens`): the core exposes no tokenizer."""
+    """Exact: the model's runner applies its chat template and tokenizer (placing the model
+    first when it has no instance, as a message would)."""
     req = decode_body(await request.body(), CountTokensRequest)
-    generation.resolve(req.model)
-    specs = translate.tools(req.tools)
-    params = GenerationParams(messages=translate.messages(req), tools=specs)
-    return {"input_tokens": translate.approximate_tokens(params)}
+    params = translate.count_params(req, generation.resolve(req.model))
+    return {"input_tokens": await generation.count_tokens(req.model, params)}
 
 
 def router() -> Router:

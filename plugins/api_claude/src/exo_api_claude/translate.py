@@ -6,7 +6,6 @@ Pure functions and a small state machine; the HTTP layer lives in routes.py.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from typing import Any
 
@@ -16,6 +15,7 @@ from exo_api_claude.types import (
     Base64Source,
     Block,
     Conversation,
+    CountTokensRequest,
     ImageBlock,
     MessageIn,
     MessagesRequest,
@@ -146,9 +146,19 @@ def messages(req: Conversation) -> tuple[ChatMessage, ...]:
         where = f"messages[{i}]"
         if message.role == "user":
             out.extend(_user(message, where))
+        elif message.role == "system":
+            out.append(ChatMessage(role="system", content=_system_text(message, where)))
         else:
             out.append(_assistant(message, where))
     return tuple(out)
+
+
+def _system_text(message: MessageIn, where: str) -> str:
+    if isinstance(message.content, str):
+        return message.content
+    if any(not isinstance(b, TextBlock) for b in message.content):
+        raise InvalidRequest(f"{where}: a system message holds only text blocks")
+    return "".join(b.text for b in message.content if isinstance(b, TextBlock))
 
 
 def tools(specs: list[ToolIn] | None) -> tuple[ToolSpec, ...]:
@@ -222,25 +232,18 @@ def to_params(req: MessagesRequest, card: ModelCard) -> GenerationParams:
     )
 
 
-# Tokens are counted without the model's tokenizer, which the core does not expose to API
-# plugins: about four characters a token (the usual figure for English BPE vocabularies), a few
-# tokens of chat-template framing per message, and a flat figure per image.
-CHARS_PER_TOKEN = 4
-TOKENS_PER_MESSAGE = 4
-TOKENS_PER_IMAGE = 1000
-
-
-def approximate_tokens(params: GenerationParams) -> int:
-    chars = 0
-    tokens = 0
-    for m in params.messages:
-        tokens += TOKENS_PER_MESSAGE
-        chars += len(m.text()) + len(m.reasoning)
-        chars += sum(len(c.name) + len(c.arguments) for c in m.tool_calls)
-        if not isinstance(m.content, str):
-            tokens += TOKENS_PER_IMAGE * sum(p.type == "image" for p in m.content)
-    chars += sum(len(json.dumps(msgspec.to_builtins(t))) for t in params.tools)
-    return tokens + math.ceil(chars / CHARS_PER_TOKEN)
+def count_params(req: CountTokensRequest, card: ModelCard) -> GenerationParams:
+    """What `count_tokens` asks the model's runner to count: the prompt a Messages request
+    with the same conversation would send (system, messages, tools, thinking)."""
+    if not req.messages:
+        raise InvalidRequest("messages: at least one message is required")
+    specs = tools(req.tools)
+    return GenerationParams(
+        messages=messages(req),
+        tools=specs,
+        tool_choice=tool_choice(req.tool_choice, specs),
+        enable_thinking=thinking(req, card),
+    )
 
 
 # -- response --------------------------------------------------------------------------------
@@ -303,7 +306,7 @@ def usage(u: Usage) -> dict[str, Any]:
     }
 
 
-def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
+def message(model: str, chunks: list[Chunk], message_id: str | None = None) -> dict[str, Any]:
     """The `message` object for a finished generation. Raises `GenerationFailed` for one that
     gave no answer."""
     content: list[dict[str, Any]] = []
@@ -339,7 +342,7 @@ def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
     finish = answered(finish)
     reason, sequence = stop_reason(finish)
     return {
-        "id": new_id("msg_"),
+        "id": message_id or new_id("msg_"),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -353,8 +356,8 @@ def message(model: str, chunks: list[Chunk]) -> dict[str, Any]:
 class MessageStream:
     """Renders chunks as Anthropic's streaming events (`event:` and `data:` lines)."""
 
-    def __init__(self, model: str) -> None:
-        self.id = new_id("msg_")
+    def __init__(self, model: str, message_id: str | None = None) -> None:
+        self.id = message_id or new_id("msg_")
         self.model = model
         self._index = -1
         self._open: str | None = None  # the type of the content block being streamed

@@ -59,7 +59,9 @@ Block = (
 
 
 class MessageIn(msgspec.Struct, kw_only=True):
-    role: Literal["user", "assistant"]
+    # "system" is not Anthropic's, but Claude Code sends it inside messages; it is read as a
+    # system message in its place.
+    role: Literal["user", "assistant", "system"]
     content: str | list[Block]
 
 

@@ -31,10 +31,17 @@ from exo_core.plugin import (
 )
 
 PREFIXES = ("/api", "/ollama/api")
+# Clients configured with a base URL that already ends in /api (or /v1) double it; exo answers
+# those paths for chat and tags too.
+ALIAS_PREFIXES = ("/ollama/api/api", "/ollama/api/v1")
 
 
 def _paths(path: str) -> list[str]:
     return [prefix + path for prefix in PREFIXES]
+
+
+def _alias_paths(path: str) -> list[str]:
+    return [prefix + path for prefix in ALIAS_PREFIXES]
 
 
 def _resolve(generation: GenerationService, name: str) -> ModelCard:
@@ -80,6 +87,16 @@ async def _answer(
 
 @post(_paths("/chat"), status_code=200, dependencies=documented_body(ChatRequest))
 async def chat(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
+    return await _chat(request, generation)
+
+
+# Aliases answer like their main path and stay out of the OpenAPI schema (one operation each).
+@post(_alias_paths("/chat"), status_code=200, include_in_schema=False)
+async def chat_alias(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
+    return await _chat(request, generation)
+
+
+async def _chat(request: AnyRequest, generation: GenerationService) -> Response[Any]:
     req = decode_body(await request.body(), ChatRequest)
     card = _resolve(generation, req.model)
     reply = translate.Reply(req.model, "chat")
@@ -104,6 +121,15 @@ async def generate(request: AnyRequest, generation: InjectedGeneration) -> Respo
 
 @get(_paths("/tags"))
 async def tags(node: InjectedNode) -> dict[str, Any]:
+    return _tags(node)
+
+
+@get(_alias_paths("/tags"), include_in_schema=False)
+async def tags_alias(node: InjectedNode) -> dict[str, Any]:
+    return _tags(node)
+
+
+def _tags(node: NodeContext) -> dict[str, Any]:
     when = _modified_at(node)
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
     return {"models": [translate.model_entry(c, when) for c in cards]}
@@ -137,13 +163,15 @@ async def alive() -> str:
     return "Ollama is running"
 
 
-@head("/ollama")
+@head(["/ollama", "/ollama/api/version"])
 async def alive_head() -> None:
+    """Health probes that only look at the status."""
     return None
 
 
 def router() -> Router:
-    handlers = [chat, generate, tags, running, show, version, alive, alive_head]
+    handlers = [chat, chat_alias, generate, tags, tags_alias, running, show, version]
+    handlers += [alive, alive_head]
     return dialect_router(
         "/",
         handlers,

@@ -172,8 +172,10 @@ def _tool_call(index: int, call: ToolCall) -> dict[str, Any]:
 class ChatStream:
     """Renders chunks as `chat.completion.chunk` SSE frames, ending with `data: [DONE]`."""
 
-    def __init__(self, model: str, *, include_usage: bool = False) -> None:
-        self.id = common.new_id("chatcmpl-")
+    def __init__(
+        self, model: str, *, include_usage: bool = False, completion_id: str | None = None
+    ) -> None:
+        self.id = completion_id or common.new_id("chatcmpl-")
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
@@ -216,8 +218,9 @@ class ChatStream:
             case ToolCallChunk(call=call):
                 index, self._tool_calls = self._tool_calls, self._tool_calls + 1
                 return [self._chunk({"tool_calls": [_tool_call(index, call)]})]
-            case KeepAliveChunk():
-                return [": keep-alive\n\n"]
+            case KeepAliveChunk(prefill_processed=done, prefill_total=total):
+                # A comment: clients skip it, people and proxies see the prompt being read.
+                return [f": prefill {done}/{total}\n\n" if total else ": keep-alive\n\n"]
             case FinishChunk(finish_reason=reason, usage=usage):
                 problem = finish_failure(reason)
                 if problem is not None:
@@ -248,7 +251,7 @@ class ChatStream:
         return [self._frame(common.error_body(500, message)), "data: [DONE]\n\n"]
 
 
-def completion(model: str, chunks: list[Chunk]) -> dict[str, Any]:
+def completion(model: str, chunks: list[Chunk], completion_id: str | None = None) -> dict[str, Any]:
     """The `chat.completion` object for a finished generation. Raises `GenerationFailed` for
     one that gave no answer."""
     text: list[str] = []
@@ -285,7 +288,7 @@ def completion(model: str, chunks: list[Chunk]) -> dict[str, Any]:
     if calls:
         msg["tool_calls"] = calls
     return {
-        "id": common.new_id("chatcmpl-"),
+        "id": completion_id or common.new_id("chatcmpl-"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,

@@ -11,7 +11,7 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 from litestar.response import File
 
-from exo_api_openai import chat, images, responses
+from exo_api_openai import chat, common, images, responses
 from exo_api_openai.errors import api_error
 from exo_api_openai.image_store import MEDIA_TYPES
 from exo_api_openai.models import model_list, model_object
@@ -38,20 +38,29 @@ from exo_core.plugin import (
 async def chat_completions(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), ChatCompletionRequest)
     params = chat.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params, chat.field_names(req))
+    # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
+    completion_id = common.new_id("chatcmpl-")
+    chunks = await generation.generate(
+        req.model, params, chat.field_names(req), request_id=completion_id
+    )
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
-        return sse(chat.ChatStream(req.model, include_usage=usage), chunks)
-    return await answer(request, chunks, lambda collected: chat.completion(req.model, collected))
+        stream = chat.ChatStream(req.model, include_usage=usage, completion_id=completion_id)
+        return sse(stream, chunks)
+    return await answer(
+        request, chunks, lambda collected: chat.completion(req.model, collected, completion_id)
+    )
 
 
 @post("/responses", status_code=200, dependencies=documented_body(ResponsesRequest))
 async def create_response(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), ResponsesRequest)
     params = responses.to_params(req, generation.resolve(req.model))
-    chunks = await generation.generate(req.model, params, responses.FIELD_NAMES)
     builder = responses.ResponseBuilder(
         req.model, responses.echo(req, params), logprobs=params.logprobs
+    )
+    chunks = await generation.generate(
+        req.model, params, responses.FIELD_NAMES, request_id=builder.response["id"]
     )
     if req.stream:
         return sse(builder, chunks)
@@ -135,7 +144,7 @@ async def get_image(node: InjectedNode, image_id: FromPath[str]) -> File:
     )
 
 
-def router() -> Router:
+def router(path: str = "/v1") -> Router:
     handlers = [
         chat_completions,
         create_response,
@@ -144,7 +153,7 @@ def router() -> Router:
         list_models,
         get_model,
     ]
-    return dialect_router("/v1", handlers, error_body=api_error, tags=["openai"])
+    return dialect_router(path, handlers, error_body=api_error, tags=["openai"])
 
 
 def stored_images_router() -> Router:

@@ -13,10 +13,12 @@ import anyio.to_thread
 import msgspec
 from litestar import Request, Response, Router, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
+from loguru import logger
 
 from exo_core.plugin import (
     AddModelCard,
     DeleteDownload,
+    DownloadFailed,
     InjectedNode,
     ModelId,
     NodeContext,
@@ -141,6 +143,33 @@ async def search_models(
     return Response({"query": text, "models": models})
 
 
+@post("/download/{node_id:str}/{model_id:path}", status_code=202)
+async def start_download(
+    node: InjectedNode, node_id: FromPath[str], model_id: FromPath[str]
+) -> Response[Any]:
+    """Download a model to this node (without running it); progress shows in
+    `state.downloads[<this node>][<model>]`."""
+    model_id = model_id.strip("/")
+    if node_id != node.node_id:
+        return native_error(
+            409, f"this is node {node.node_id}: ask {node_id}'s own API to download there"
+        )
+    card = node.card(model_id)
+    if card is None:
+        return native_error(404, f"unknown model '{model_id}'")
+    if not node.config.worker:
+        return native_error(409, "this node runs no worker (--no-worker): it keeps no models")
+
+    async def fetch() -> None:
+        try:
+            await node.download(card)
+        except DownloadFailed as e:
+            logger.warning(f"download of {model_id} failed: {e}")
+
+    node.spawn(fetch)
+    return Response({"node_id": node.node_id, "model_id": model_id}, status_code=202)
+
+
 @delete("/download/{node_id:str}/{model_id:path}", status_code=200)
 async def delete_download(
     node: InjectedNode, node_id: FromPath[str], request: Request[Any, Any, Any]
@@ -207,6 +236,6 @@ def _read_only(model_id: str, path: str | None, node_id: str) -> Response[Any]:
 def router() -> Router:
     return Router(
         path="/",
-        route_handlers=[add_model, remove_model, search_models, delete_download],
+        route_handlers=[add_model, remove_model, search_models, start_download, delete_download],
         tags=["models"],
     )

@@ -13,6 +13,7 @@ sequences of that batch and starts a fresh batch; the runner itself goes on eith
 
 from __future__ import annotations
 
+import resource
 import time
 import zlib
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from exo_core.plugin import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    KeepAliveChunk,
     OutputParser,
     TaskId,
     TextChunk,
@@ -40,7 +42,14 @@ from exo_core.plugin import (
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
-from exo_engine_mlx.sampling import LogitsProcessor, Sampler, greedy, make_processors, make_sampler
+from exo_engine_mlx.sampling import (
+    LogitsProcessor,
+    Sampler,
+    ban_tokens,
+    greedy,
+    make_processors,
+    make_sampler,
+)
 from exo_engine_mlx.textstream import TextStream
 
 
@@ -59,6 +68,13 @@ class _Sequence:
     generated: int = 0
     reasoning: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def peak_memory_bytes() -> int:
+    """The runner's peak memory: MLX's own peak, or the process's peak RSS when larger (on the
+    CPU most of the model lives outside MLX's accounting)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    return max(int(mx.get_peak_memory()), rss)
 
 
 def _parsed(seq: _Sequence, text: str) -> list[Chunk]:
@@ -123,6 +139,7 @@ class BatchEngine:
         prefix_cache: PrefixCache | None = None,
         default_max_tokens: int = 2048,
         context_length: int | None = None,
+        prefill_step_size: int = 2048,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -130,11 +147,13 @@ class BatchEngine:
         self.default_max_tokens = default_max_tokens
         self.context_length = context_length
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
+        self._prefill_step = prefill_step_size
         self._new_generator: Callable[[], BatchGenerator] = lambda: BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=max_concurrent,
             prefill_batch_size=max_concurrent,
+            prefill_step_size=prefill_step_size,
         )
         self._generator = self._new_generator()
         self._guard = _Guard()
@@ -183,12 +202,18 @@ class BatchEngine:
     def _submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
         rendered = render(self.tokenizer, params)
         tokens = encode(self.tokenizer, params, rendered)
+        if params.count_only:
+            usage = Usage(prompt_tokens=len(tokens))
+            return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
         max_tokens = self._max_tokens(params, len(tokens))
         sampler = self._guard.sampler(task_id, make_sampler(params.sampling))
-        processors = [self._guard.processor(task_id, p) for p in make_processors(params.sampling)]
+        wanted = make_processors(params.sampling)
+        if params.ignore_eos:
+            wanted.append(ban_tokens(sorted(self._eos)))
+        processors = [self._guard.processor(task_id, p) for p in wanted]
         parser = family_parser(self.tokenizer, params, rendered)
         cache, cached = (None, 0)
-        if self.prefix_cache is not None:
+        if self.prefix_cache is not None and params.prefix_cache:
             cache, cached = self.prefix_cache.lookup(tokens)
         (uid,) = self._generator.insert(
             [tokens[cached:]],
@@ -224,10 +249,10 @@ class BatchEngine:
         if not self._by_uid:
             return []
         try:
-            _, responses = self._generator.next()
+            prompt_responses, responses = self._generator.next()
         except Exception as e:
             return self._fail_batch(e)
-        out: list[Chunk] = []
+        out: list[Chunk] = [*self._prefill_progress(prompt_responses)]
         now = time.perf_counter()
         for r in responses:
             seq = self._by_uid.get(r.uid)
@@ -250,6 +275,26 @@ class BatchEngine:
             self._generator.remove([seq.uid])
             self._forget(seq)
             out.append(ErrorChunk(task_id=task_id, message=REQUEST_FAILED))
+        return out
+
+    def _prefill_progress(self, responses: list[Any]) -> list[Chunk]:
+        """A long prompt is prefilled a step at a time: say how far each one got (a prompt that
+        fits one step says nothing)."""
+        out: list[Chunk] = []
+        for r in responses:
+            seq = self._by_uid.get(r.uid)
+            if seq is None or r.end_of_prompt or not isinstance(r.progress, tuple):
+                continue
+            done, total = r.progress
+            if total <= self._prefill_step:
+                continue
+            out.append(
+                KeepAliveChunk(
+                    task_id=seq.task_id,
+                    prefill_processed=seq.cached + int(done),
+                    prefill_total=seq.cached + int(total),
+                )
+            )
         return out
 
     def _fail_batch(self, error: Exception) -> list[Chunk]:
@@ -314,7 +359,7 @@ class BatchEngine:
         self, seq: _Sequence, reason: FinishReason, store: tuple[list[int], list[Any]] | None
     ) -> list[Chunk]:
         self._forget(seq)
-        if store is not None and self.prefix_cache is not None:
+        if store is not None and self.prefix_cache is not None and seq.params.prefix_cache:
             tokens, cache = store
             self.prefix_cache.store(tokens, cache)
         out: list[Chunk] = []
@@ -333,6 +378,7 @@ class BatchEngine:
             prompt_tps=_rate(len(seq.prompt) - seq.cached, first - seq.submitted),
             generation_tps=_rate(max(0, seq.generated - 1), now - first),
             time_to_first_token_s=first - seq.submitted,
+            peak_memory_bytes=peak_memory_bytes(),
         )
         out.append(FinishChunk(task_id=seq.task_id, finish_reason=reason, usage=usage))
         return out

@@ -49,6 +49,18 @@ def make_sampler(params: SamplingParams) -> Sampler:
     return sample
 
 
+def ban_tokens(token_ids: list[int]) -> LogitsProcessor:
+    """A processor that makes `token_ids` impossible (end-of-sequence, for benchmarks that
+    need exactly `max_tokens`)."""
+    banned = mx.array(token_ids)
+
+    def ban(_tokens: mx.array, logits: mx.array) -> mx.array:
+        logits[..., banned] = -mx.inf
+        return logits
+
+    return ban
+
+
 def make_processors(params: SamplingParams) -> list[LogitsProcessor]:
     processors: list[LogitsProcessor] = []
     if params.repetition_penalty is not None and params.repetition_penalty != 1.0:

@@ -1,0 +1,112 @@
+"""Stand-ins the dashboard tests share: an image route speaking OpenAI's streaming shape (the
+image engine is its own plugin) and cards for an image model and a model that fits nowhere."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from collections.abc import AsyncIterator
+
+import anyio
+from litestar import post
+from litestar.response import Stream
+
+from exo_api_openai.errors import api_error
+from exo_api_openai.routes import chat_completions, create_response, get_model, list_models
+from exo_core.plugin import (
+    ModelCard,
+    ModelId,
+    ModelTask,
+    PlacementOption,
+    PlacementRequest,
+    State,
+    dialect_router,
+    hookimpl,
+    place,
+)
+
+IMAGE_MODEL = "scripted-painter"
+HUGE_MODEL = "scripted-huge"
+
+
+def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A valid one-colour PNG, written by hand (no imaging library needed)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _event(kind: str, **fields: object) -> bytes:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
+
+
+RECEIVED: list[dict[str, object]] = []
+
+
+@post("/images/generations")
+async def images_stand_in(data: dict[str, object]) -> Stream:
+    """A progress event, two partial images, then the final one; a prompt with "slow" never
+    finishes. Each request body is kept in RECEIVED."""
+    RECEIVED.append(data)
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield _event("image_generation.progress", step=1, total=4, index=0)
+        await anyio.sleep(0.3)
+        for index, colour in enumerate([(60, 60, 90), (120, 120, 160)]):
+            b64 = base64.b64encode(png(32, 32, colour)).decode()
+            yield _event("image_generation.partial_image", b64_json=b64, partial_image_index=index)
+            await anyio.sleep(0.4)
+        if "slow" in str(data.get("prompt")):
+            await anyio.sleep(120)
+        final = base64.b64encode(png(64, 64, (250, 204, 21))).decode()
+        yield _event("image_generation.completed", b64_json=final)
+
+    return Stream(frames(), media_type="text/event-stream")
+
+
+class StandIns:
+    """The OpenAI dialect without its real image routes (the scripted engine makes no images),
+    and the stand-in image route in their place."""
+
+    @hookimpl
+    def exo_routes(self) -> list[object]:
+        handlers = [chat_completions, create_response, list_models, get_model]
+        return [dialect_router("/v1", [*handlers, images_stand_in], error_body=api_error)]
+
+    @hookimpl
+    def exo_place_instance(
+        self, card: ModelCard, request: PlacementRequest, state: State
+    ) -> list[PlacementOption] | None:
+        # Image models are placed by an image engine plugin; this one stands in for it.
+        return place(card, request, state) if card.model_id == IMAGE_MODEL else None
+
+    @hookimpl
+    def exo_model_cards(self) -> list[ModelCard]:
+        common = {"family": "scripted", "n_layers": 4, "hidden_size": 64}
+        return [
+            ModelCard(
+                model_id=ModelId(IMAGE_MODEL),
+                storage_size_bytes=1_000_000,
+                tasks=(ModelTask.IMAGE_GENERATION,),
+                source="scripted:painter",
+                **common,  # type: ignore[arg-type]
+            ),
+            ModelCard(
+                model_id=ModelId(HUGE_MODEL),
+                storage_size_bytes=1 << 50,
+                source="scripted:huge",
+                **common,  # type: ignore[arg-type]
+            ),
+        ]
