@@ -62,7 +62,9 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
         yield node
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: Playwright's sync API keeps an event loop running in the main
+# thread until it stops, which would break every later test that runs a loop of its own.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     executable = shutil.which("chromium")
     if executable is None:

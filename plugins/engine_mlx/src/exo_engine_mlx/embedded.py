@@ -88,4 +88,8 @@ def ensure_embedded_model(models_dir: Path) -> Path:
         # Leftovers of a crashed conversion; nobody else writes them while we hold the lock.
         for stale in models_dir.glob(f".{EMBEDDED_DIR_NAME}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        # Our own output dir without its completion marker is a crashed conversion too (it is
+        # not a real directory elsewhere: a symlink is left for import_gguf to refuse).
+        if out.is_dir() and not out.is_symlink() and read_marker(out) is None:
+            shutil.rmtree(out)
         return import_gguf(source, out, EMBEDDED_MODEL_ID)
