@@ -27,12 +27,6 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def _trimmable(cache: list[Any]) -> bool:
-    """Plain KV caches can be cut back to any position; rotating (sliding-window) caches past
-    their window and SSM state caches (`ArraysCache`) cannot: those are reused only whole."""
-    return can_trim_prompt_cache(cache)
-
-
 def _processed(tokens: Sequence[int], cache: list[Any]) -> int:
     """How many of `tokens` the cache holds: attention caches count them; a model made only
     of state caches has processed all of them (as the batch generator hands them back)."""
@@ -107,7 +101,9 @@ class PrefixCache:
         nbytes = _nbytes(cache)
         if nbytes > self.budget_bytes:
             return
-        trimmable = _trimmable(cache)
+        # Plain KV caches can be cut back to any position; rotating (sliding-window) caches
+        # past their window and SSM state caches cannot: those are reused only whole.
+        trimmable = can_trim_prompt_cache(cache)
         # An entry that this one extends is now redundant, when this one can be cut back to it.
         if trimmable:
             for key in [k for k, e in self._entries.items() if tokens[: len(e.tokens)] == e.tokens]:
