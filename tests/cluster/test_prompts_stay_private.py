@@ -27,7 +27,7 @@ from exo_core.hookspecs import hookimpl
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import Capability, ModelCard
 from exo_core.state import Instance, ShardAssignment, State, Task, TaskStatus
-from exo_core.testing.harness import RunningNode, running_cluster, running_node
+from exo_core.testing.harness import RunningNode, events_text, running_cluster, running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
 DIALECTS = [exo_api_openai.plugin, exo_api_claude.plugin, exo_api_ollama.plugin]
@@ -94,18 +94,6 @@ def ask_every_dialect(url: str) -> None:
         model="scripted-echo", prompt=f"raw {SECRET}", raw=True, stream=False
     )
     assert SECRET in raw.response
-
-
-def events_text(url: str) -> str:
-    """Every event `/events` serves, from index 0 up to the node's last one."""
-    last = httpx.get(f"{url}/healthz").json()["last_index"]
-    lines: list[str] = []
-    with httpx.stream("GET", f"{url}/events", params={"since": 0}, timeout=10) as r:
-        for line in r.iter_lines():
-            lines.append(line)
-            if line.startswith("id:") and int(line[3:].strip()) >= last:
-                break
-    return "\n".join(lines)
 
 
 def assert_private(node: RunningNode, data_dir: Path) -> None:
@@ -205,7 +193,7 @@ def test_only_rank_0_of_the_tasks_instance_gets_a_body() -> None:
     )
     store = BodyStore()
     store.hold(task)
-    assert store.lend(task.task_id, NodeId("n0"), state) == params
+    assert store.lend(task.task_id, NodeId("n0"), state).params == params
     for asker, why in ((NodeId("n1"), "does not run rank 0"), (NodeId("x"), "does not run")):
         with pytest.raises(BodyUnavailable, match=why):
             store.lend(task.task_id, asker, state)

@@ -25,7 +25,8 @@ MAX_IMAGES = 10
 MAX_STEPS = 200
 MAX_PARTIAL_IMAGES = 3
 MAX_PROMPT_CHARS = 32_000
-# An uploaded image travels in the task; larger inputs are refused rather than replicated.
+# An uploaded image travels point to point to the runner (never in the log); larger inputs
+# are refused.
 MAX_INPUT_IMAGE_BYTES = 8 * 1024 * 1024
 
 

@@ -19,7 +19,7 @@ import msgspec
 from anyio.abc import TaskGroup
 from loguru import logger
 
-from exo_core.bodies import BodyStore, BodyUnavailable
+from exo_core.bodies import Body, BodyStore, BodyUnavailable, with_body
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
 from exo_core.config import NodeConfig
@@ -311,12 +311,12 @@ class Node:
             await self.replica.wait_for(result.last_index, timeout=timeout)
         return result
 
-    async def fetch_body(self, task: Task) -> GenerationParams:
-        """The body of a task this node runs rank 0 of, from the node that holds the request."""
+    async def fetch_body(self, task: Task) -> Task:
+        """A task this node runs rank 0 of, with its body from the node that holds the request."""
         origin = task.origin_node
         try:
             if origin == self.node_id:
-                return self.bodies.lend(task.task_id, self.node_id, self.state)
+                return with_body(task, self.bodies.lend(task.task_id, self.node_id, self.state))
             raw = await self.transport.request(
                 origin, encode(FetchBody(task_id=task.task_id)), timeout=30
             )
@@ -330,7 +330,7 @@ class Node:
                 f"the request of task {task.task_id} is not available: {e}"
             ) from e
         if isinstance(answer, TaskBody) and answer.task_id == task.task_id:
-            return answer.params
+            return with_body(task, Body(params=answer.params, image=answer.image))
         reason = answer.reason if isinstance(answer, NoBody) else f"unexpected answer {answer!r}"
         raise BodyUnavailable(
             f"node {origin} did not hand over the request of task {task.task_id}: {reason}"
@@ -503,10 +503,10 @@ class Node:
                 return encode(Ack())
             case FetchBody(task_id=task_id):
                 try:
-                    params = self.bodies.lend(task_id, NodeId(sender), self.state)
+                    body = self.bodies.lend(task_id, NodeId(sender), self.state)
                 except BodyUnavailable as e:
                     return encode(NoBody(reason=str(e)))
-                return encode(TaskBody(task_id=task_id, params=params))
+                return encode(TaskBody(task_id=task_id, params=body.params, image=body.image))
             case _:
                 return self._refused(sender, f"unexpected request {type(request).__name__}")
 

@@ -182,18 +182,21 @@ class GenerationService:
         return result.ok
 
     async def generate_images(
-        self, model_id: str, request: ImageRequest
+        self, model_id: str, request: ImageRequest, *, request_id: str | None = None
     ) -> AsyncGenerator[Chunk, None]:
         """Stream an image generation (progress, partial and final images, then a finish).
 
-        Raises `GenerationError` before the first chunk when refused; leaving early cancels."""
+        Raises `GenerationError` before the first chunk when refused; leaving early cancels,
+        and so does `cancel(request_id)`."""
         card = self.resolve(model_id)
         try:
             validate_image_request(card, request)
         except InvalidImageRequest as e:
             raise InvalidRequest(str(e)) from None
         instance = await self.instance_for(card)
-        return self._stream(card, instance.instance_id, GenerationParams(), image=request)
+        return self._stream(
+            card, instance.instance_id, GenerationParams(), image=request, request_id=request_id
+        )
 
     async def _stream(
         self,

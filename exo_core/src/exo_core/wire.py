@@ -10,6 +10,7 @@ from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.events import IndexedEvent
 from exo_core.generation import Chunk, GenerationParams
 from exo_core.ids import NodeId, TaskId
+from exo_core.images import ImageRequest
 from exo_core.snapshot import Snapshot
 
 EVENTS_TOPIC = "exo/events"
@@ -92,6 +93,7 @@ class FetchBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 class TaskBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     task_id: TaskId
     params: GenerationParams
+    image: ImageRequest | None = None
 
 
 class NoBody(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -23,7 +23,7 @@ from exo_core.commands import Command, CommandResult, DeleteInstance, ReportEven
 from exo_core.downloads import Downloader, DownloadFailed
 from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec
 from exo_core.events import DownloadProgressed, Event, RunnerStatusChanged, TaskStatusChanged
-from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason, GenerationParams
+from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import ModelCard
 from exo_core.redact import public_message
@@ -60,7 +60,8 @@ _STARTED = frozenset(
 
 SendCommand = Callable[[Command], Awaitable[CommandResult]]
 SendChunk = Callable[[NodeId, Chunk], Awaitable[None]]
-FetchBody = Callable[[Task], Awaitable[GenerationParams]]
+# Rank 0 gets the task as its caller asked for it (the log holds no request text).
+FetchBody = Callable[[Task], Awaitable[Task]]
 CardLookup = Callable[[ModelId], ModelCard | None]
 
 
@@ -390,7 +391,7 @@ class Worker:
             with scope:
                 if leader and self._fetch_body is not None:
                     # The log holds no request text: rank 0 gets it from the caller's node.
-                    task = msgspec.structs.replace(task, params=await self._fetch_body(task))
+                    task = await self._fetch_body(task)
                 await self._wait_ready(local)
                 runner = local.runner
                 if runner is None:

@@ -21,7 +21,8 @@ SIZE = "64x64"
 
 @pytest.fixture(scope="session")
 def tiny_flux(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The model directory: mflux's saved layout, 1 single block, ~600 MB of bf16 weights."""
+    """The model directory: mflux's saved layout, 1 single block, a narrow VAE, ~390 MB of
+    bf16 weights."""
     from exo_engine_mflux.tiny_model import write_tiny_model_with_card
 
     return write_tiny_model_with_card(tmp_path_factory.mktemp("image-models") / MODEL_ID, MODEL_ID)

@@ -13,6 +13,9 @@ import openai
 import pytest
 from PIL import Image
 
+from exo_core.testing.harness import events_text
+from exo_core.testing.processes import wait_until
+
 from .conftest import MODEL_ID, SIZE, ImageNode, png_bytes
 
 pytestmark = pytest.mark.slow
@@ -31,12 +34,17 @@ def test_generate_returns_a_png_of_the_requested_size_and_a_seed_repeats(
     image_node: ImageNode,
 ) -> None:
     client = image_node.client()
+    # The README's call, against a real exo process.
+    large = client.images.generate(
+        model=MODEL_ID, prompt="a lighthouse", size="256x256", extra_body={"advanced_params": FAST}
+    )
+    assert large.data is not None and len(large.data) == 1
+    image = _image(large.data[0].b64_json)
+    assert (image.format, image.size) == ("PNG", (256, 256))
     first = client.images.generate(
         model=MODEL_ID, prompt="a red cat", size=SIZE, extra_body={"advanced_params": FAST}
     )
-    assert first.data is not None and len(first.data) == 1
-    image = _image(first.data[0].b64_json)
-    assert (image.format, image.size) == ("PNG", (64, 64))
+    assert first.data is not None and _image(first.data[0].b64_json).size == (64, 64)
     again = client.images.generate(
         model=MODEL_ID, prompt="a red cat", size=SIZE, extra_body={"advanced_params": FAST}
     )
@@ -101,17 +109,26 @@ def test_stream_sends_progress_and_partial_images_before_the_final_one(
     assert _image(events[-1].b64_json).size == (64, 64)
 
 
-def test_edit_takes_an_uploaded_image(image_node: ImageNode) -> None:
+def test_edit_takes_an_uploaded_image_that_never_enters_the_log(image_node: ImageNode) -> None:
     client = image_node.client()
+    secret, upload = "SECRET-41c9 make it blue", png_bytes((80, 80), (17, 201, 99))
     answer = client.images.edit(
         model=MODEL_ID,
-        image=("input.png", png_bytes((80, 80)), "image/png"),
-        prompt="make it blue",
+        image=("input.png", upload, "image/png"),
+        prompt=secret,
         size=SIZE,
         extra_body={"advanced_params": json.dumps({"seed": 2, "num_inference_steps": 3})},
     )
     assert answer.data is not None
     assert _image(answer.data[0].b64_json).size == (64, 64)
+    # The prompt and the upload went to the runner point to point, not through the log.
+    for path in image_node.data_dir.glob("*"):
+        if path.is_file():
+            stored = path.read_bytes()
+            assert secret.encode() not in stored and upload not in stored, path
+    served = events_text(image_node.url) + httpx.get(f"{image_node.url}/state", timeout=10).text
+    assert "TaskCreated" in served and '"width":64' in served
+    assert secret not in served and base64.b64encode(upload).decode() not in served
 
 
 def test_a_disconnect_cancels_at_the_next_step_and_the_next_request_runs(
@@ -124,6 +141,7 @@ def test_a_disconnect_cancels_at_the_next_step_and_the_next_request_runs(
         "stream": True,
         "advanced_params": {"seed": 3, "num_inference_steps": 200},
     }
+    earlier = _cancels(image_node)
     steps_seen = 0
     with httpx.stream(
         "POST", f"{image_node.url}/v1/images/generations", json=body, timeout=120
@@ -142,8 +160,41 @@ def test_a_disconnect_cancels_at_the_next_step_and_the_next_request_runs(
     tasks = httpx.get(f"{image_node.url}/state/tasks", timeout=10).json()
     assert tasks == {}
     # The runner stopped at a step boundary soon after the client left, not after 200 steps.
-    stopped = re.findall(r"cancelled after step (\d+) of 200", image_node.log())
-    assert len(stopped) == 1 and int(stopped[0]) < 20, stopped
+    stopped = _cancels(image_node)[len(earlier) :]
+    assert len(stopped) == 1 and stopped[0] < 20, stopped
+
+
+def _cancels(node: ImageNode) -> list[int]:
+    """The step after which each cancelled 200-step generation stopped, from the runner log."""
+    return [int(s) for s in re.findall(r"cancelled after step (\d+) of 200", node.log())]
+
+
+def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) -> None:
+    earlier = _cancels(image_node)
+    body = {
+        "model": MODEL_ID,
+        "prompt": "cancel me",
+        "size": SIZE,
+        "stream": True,
+        "advanced_params": {"seed": 4, "num_inference_steps": 200},
+    }
+    with httpx.stream(
+        "POST", f"{image_node.url}/v1/images/generations", json=body, timeout=120
+    ) as response:
+        request_id = response.headers["x-request-id"]
+        lines = response.iter_lines()
+        first = next(json.loads(line[5:]) for line in lines if line.startswith("data:"))
+        assert first["type"] == "image_generation.progress" and first["id"] == request_id
+        cancelled = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
+        assert cancelled.status_code == 200, cancelled.text
+        rest = [line for line in lines if line.startswith("data:")]
+    assert "cancelled" in rest[-2] and rest[-1] == "data: [DONE]"
+    # The caller is answered at once; the runner stops at its next step boundary.
+    wait_until(lambda: len(_cancels(image_node)) > len(earlier), timeout=60)
+    stopped = _cancels(image_node)[len(earlier) :]
+    assert len(stopped) == 1 and stopped[0] < 20, stopped
+    gone = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
+    assert gone.status_code == 404
 
 
 @pytest.mark.parametrize(

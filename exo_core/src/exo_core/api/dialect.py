@@ -288,9 +288,15 @@ async def frames(renderer: Renderer, chunks: AsyncIterator[Chunk]) -> AsyncGener
                 yield frame.encode()
 
 
-def sse(renderer: Renderer, chunks: AsyncIterator[Chunk]) -> ClosingStream:
+def sse(
+    renderer: Renderer, chunks: AsyncIterator[Chunk], headers: dict[str, str] | None = None
+) -> ClosingStream:
     """A server-sent-events response of `renderer`'s frames (each a whole `data:` event)."""
-    return ClosingStream(frames(renderer, chunks), media_type=SSE_MEDIA_TYPE, headers=SSE_HEADERS)
+    return ClosingStream(
+        frames(renderer, chunks),
+        media_type=SSE_MEDIA_TYPE,
+        headers={**SSE_HEADERS, **(headers or {})},
+    )
 
 
 def ndjson(renderer: Renderer, chunks: AsyncIterator[Chunk]) -> ClosingStream:

@@ -241,6 +241,18 @@ def _answers(url: str) -> bool:
         return False
 
 
+def events_text(url: str) -> str:
+    """Every event a node's `/events` serves, from index 0 up to its last one, as served."""
+    last = httpx.get(f"{url}/healthz").json()["last_index"]
+    lines: list[str] = []
+    with httpx.stream("GET", f"{url}/events", params={"since": 0}, timeout=10) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if line.startswith("id:") and int(line[3:].strip()) >= last:
+                break
+    return "\n".join(lines)
+
+
 async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
     with anyio.fail_after(timeout):
         while not predicate():
@@ -251,6 +263,7 @@ __all__ = [
     "RunningCluster",
     "RunningNode",
     "converged",
+    "events_text",
     "free_port",
     "running_cluster",
     "running_node",

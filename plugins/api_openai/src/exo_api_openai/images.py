@@ -213,8 +213,9 @@ class ImageStream:
     """Streamed answers: `<kind>.partial_image` events while denoising, `<kind>.completed` for
     each final image, exo's `<kind>.progress` events (step i of N), then `[DONE]`."""
 
-    def __init__(self, kind: Literal["image_generation", "image_edit"]) -> None:
+    def __init__(self, kind: Literal["image_generation", "image_edit"], request_id: str) -> None:
         self.kind = kind
+        self.request_id = request_id
 
     def _event(self, name: str, body: dict[str, Any]) -> str:
         payload = {"type": f"{self.kind}.{name}", **body}
@@ -226,7 +227,8 @@ class ImageStream:
     def feed(self, chunk: Chunk) -> list[str]:
         match chunk:
             case ProgressChunk(step=step, total=total, index=index):
-                return [self._event("progress", {"step": step, "total": total, "index": index})]
+                progress = {"id": self.request_id, "step": step, "total": total, "index": index}
+                return [self._event("progress", progress)]
             case ImageChunk():
                 body = {
                     "b64_json": base64.b64encode(chunk.data).decode(),

@@ -100,16 +100,25 @@ async def _images(
     upload: bytes | None,
 ) -> Response[Any]:
     model = images.require_model(req)
-    chunks = await generation.generate_images(model, images.to_image_request(req, upload))
+    # OpenAI's image answers carry no id: this one is in the `x-request-id` header (and in
+    # streamed progress events); `POST /v1/cancel/{id}` cancels the generation by it.
+    request_id = common.new_id("img-")
+    headers = {"x-request-id": request_id}
+    chunks = await generation.generate_images(
+        model, images.to_image_request(req, upload), request_id=request_id
+    )
     if req.stream:
-        return sse(images.ImageStream("image_edit" if upload else "image_generation"), chunks)
+        kind = "image_edit" if upload else "image_generation"
+        return sse(images.ImageStream(kind, request_id), chunks, headers)
     store = images.store_for(node.config.data_path)
     base = str(request.base_url)
-    return await answer(
+    response = await answer(
         request,
         chunks,
         lambda got: images.images_response(got, req.response_format or "b64_json", store, base),
     )
+    response.headers.update(headers)
+    return response
 
 
 @get("/models")

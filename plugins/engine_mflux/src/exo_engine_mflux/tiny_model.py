@@ -3,8 +3,9 @@
 There are no image weights on the test machines, so this writes what `mflux-save` would write
 (one directory per component, safetensors shards carrying `mflux_version` metadata, and the
 two tokenizers), with only the block counts cut down. mflux's loader then reads it like any
-saved model. The widths are mflux's own (they are hard-coded), so the transformer keeps its
-3072-wide blocks; the encoders keep only what the engine loads (see `loading.trim_encoders`).
+saved model. The transformer keeps FLUX.1's 3072-wide blocks (mflux hard-codes them); the
+encoders keep only what the engine loads (see `pipeline._trim_encoders`); the VAE is narrowed
+(`VAE_SHRINK`: mflux reads its widths from the weights) so that 256x256 decodes in seconds.
 """
 
 from __future__ import annotations
@@ -114,6 +115,25 @@ def _randomized(params: dict[str, mx.array], seed: int, scale: float = 0.02) -> 
     return out
 
 
+# The VAE's channel widths (128, 256, 512) shrink by this factor, to at least 32 (its group
+# norms have 32 groups). mflux takes the widths from the weights, and a full-width VAE takes
+# ~100 s to decode 256x256 on two busy cores.
+VAE_SHRINK = 8
+_VAE_WIDTHS = (128, 256, 512)
+
+
+def _narrow_vae(params: dict[str, mx.array], shrink: int) -> dict[str, mx.array]:
+    """The VAE's parameters with every channel width divided by `shrink` (latent and RGB
+    channels and kernel sizes stay)."""
+    if shrink <= 1:
+        return params
+
+    def width(d: int) -> int:
+        return max(32, d // shrink) if d in _VAE_WIDTHS else d
+
+    return {name: mx.zeros(tuple(width(d) for d in v.shape)) for name, v in params.items()}
+
+
 def write_tiny_flux(
     root: Path,
     *,
@@ -124,6 +144,7 @@ def write_tiny_flux(
     t5_max_length: int = 16,
     seed: int = 0,
     guidance_embeds: bool = False,
+    vae_shrink: int = VAE_SHRINK,
 ) -> dict[str, int]:
     """Write the model into `root`; return the bytes of each component."""
     from mflux.models.common.config.model_config import ModelConfig
@@ -141,10 +162,8 @@ def write_tiny_flux(
     sizes["transformer"] = _save_component(
         root, "transformer", _randomized(dict(tree_flatten(transformer.parameters())), seed)
     )
-    vae = VAE()
-    sizes["vae"] = _save_component(
-        root, "vae", _randomized(dict(tree_flatten(vae.parameters())), seed + 1)
-    )
+    vae = _narrow_vae(dict(tree_flatten(VAE().parameters())), vae_shrink)
+    sizes["vae"] = _save_component(root, "vae", _randomized(vae, seed + 1))
 
     clip = dict(tree_flatten(CLIPEncoder().parameters()))
     clip = {
