@@ -25,6 +25,7 @@ from exo_core.generation import (
     FinishReason,
     GenerationParams,
     KeepAliveChunk,
+    ProgressChunk,
     TextChunk,
     ThinkingChunk,
     ToolCallChunk,
@@ -86,6 +87,22 @@ def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None
         raise InvalidRequest(f"model '{card.model_id}' does not accept images")
 
 
+class TaskProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a generation this node's API streams has got: denoising step `step` of `total`.
+
+    Kept in memory on the node whose API holds the request (its chunks arrive there), never
+    logged: a step every second would grow the replicated log for nothing it decides."""
+
+    task_id: TaskId
+    model_id: ModelId
+    instance_id: InstanceId
+    request_id: str | None
+    step: int
+    total: int
+    index: int
+    updated: float
+
+
 class GenerationService:
     def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
         self._node = node
@@ -94,6 +111,7 @@ class GenerationService:
         # The generations this node's API is streaming, by the id their response carries (and
         # by task id), so that `POST /v1/cancel/{id}` can reach them from another connection.
         self._streaming: dict[str, TaskId] = {}
+        self._progress: dict[TaskId, TaskProgress] = {}
 
     def resolve(self, model_id: str) -> ModelCard:
         card = self._node.card(model_id)
@@ -169,6 +187,10 @@ class GenerationService:
                     raise NoInstance(f"counting tokens failed: {chunk.message}")
         raise NoInstance("counting tokens ended without an answer")
 
+    def progress(self) -> list[TaskProgress]:
+        """The latest step of each generation this node's API is streaming that reports steps."""
+        return sorted(self._progress.values(), key=lambda p: p.task_id)
+
     async def cancel(self, request_id: str) -> bool:
         """Cancel a running generation by its response id or task id. False when unknown."""
         task_id = self._streaming.get(request_id)
@@ -243,6 +265,17 @@ class GenerationService:
                 else:
                     parsed = [chunk]
                 for piece in parsed:
+                    if isinstance(piece, ProgressChunk):
+                        self._progress[task.task_id] = TaskProgress(
+                            task_id=task.task_id,
+                            model_id=card.model_id,
+                            instance_id=instance_id,
+                            request_id=request_id,
+                            step=piece.step,
+                            total=piece.total,
+                            index=piece.index,
+                            updated=time.time(),
+                        )
                     if isinstance(piece, TextChunk | ThinkingChunk | ToolCallChunk):
                         timing.output()
                     if isinstance(piece, ToolCallChunk):
@@ -263,6 +296,7 @@ class GenerationService:
                     return
         finally:
             node.router.close(task.task_id)
+            self._progress.pop(task.task_id, None)
             for key in ids:
                 self._streaming.pop(key, None)
             node.bodies.release(task.task_id)

@@ -185,6 +185,10 @@ def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) ->
         lines = response.iter_lines()
         first = next(json.loads(line[5:]) for line in lines if line.startswith("data:"))
         assert first["type"] == "image_generation.progress" and first["id"] == request_id
+        # Its step is served from memory, not from the replicated state.
+        (progress,) = httpx.get(f"{image_node.url}/progress", timeout=10).json()["tasks"]
+        assert progress["request_id"] == request_id and progress["total"] == 200
+        assert 1 <= progress["step"] <= 200
         cancelled = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
         assert cancelled.status_code == 200, cancelled.text
         rest = [line for line in lines if line.startswith("data:")]
@@ -195,6 +199,7 @@ def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) ->
     assert len(stopped) == 1 and stopped[0] < 20, stopped
     gone = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
     assert gone.status_code == 404
+    assert httpx.get(f"{image_node.url}/progress", timeout=10).json()["tasks"] == []
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,13 @@ class NativeController(Controller):
         value = _subtree(msgspec.to_builtins(node.state), path)
         return Response(msgspec.json.encode(value), media_type="application/json")
 
+    @get("/progress")
+    async def progress(self, node: NodeDep) -> Response[bytes]:
+        """The latest denoising step of each image generation this node's API is streaming
+        (held in memory here, not in the replicated state: steps would grow the log)."""
+        body = {"tasks": node.generation.progress()}
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
     @get("/events")
     async def events(self, node: NodeDep, since: FromQuery[int] = 0) -> ServerSentEvent:
         """Indexed events from `since` on, then live, as server-sent events (id = index).
