@@ -9,7 +9,10 @@ block counts are cut), then prints, in one run:
   * the same request through a real `exo` process (HTTP, master, worker, image runner
     subprocess): seconds per step from the streamed progress events, and total seconds of a
     non-streamed request; and the ratios exo / direct.
-A 2-rank split of the transformer is not built yet, so there is no 2-rank figure.
+  * the transformer split over 2 ranks (two processes joined by mx.distributed's ring on
+    127.0.0.1, `exo_engine_mflux.split_run`) beside 1 rank: seconds per step and per image.
+    On one machine both ranks share its cores, so this shows the split's overhead, not the
+    speed of two machines. (The split is not wired into exo's runners yet: measured directly.)
 Never asserts on time.
 """
 
@@ -106,6 +109,30 @@ def through_exo(model: Path, root: Path, size: int, steps: int, runs: int) -> di
     return {"total_s": min(totals), "step_s": statistics.median(step_times) if step_times else 0.0}
 
 
+def split_ranks(model: Path, root: Path, ranks: int, size: int, steps: int) -> dict[str, float]:
+    """One split generation over `ranks` processes; rank 0's seconds per step and image."""
+    from exo_core.testing.harness import free_port
+    from exo_engine_mflux.engine import image_runner_env
+
+    env = image_runner_env()
+    if ranks > 1:
+        hostfile = root / f"ring-{ranks}.json"
+        hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"] for _ in range(ranks)]))
+        env["MLX_HOSTFILE"] = str(hostfile)
+    out = root / f"split-{ranks}"
+    args = ["--size", str(size), "--steps", str(steps)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "exo_engine_mflux.split_run", str(model), f"{out}-{r}", *args],
+            env=env | {"MLX_RANK": str(r)},
+        )
+        for r in range(ranks)
+    ]
+    if any(p.wait(timeout=1800) for p in procs):
+        raise RuntimeError(f"a rank of the {ranks}-rank split failed")
+    return json.loads(out.with_name(f"{out.name}-0.json").read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=128)
@@ -129,6 +156,7 @@ def main() -> None:
         )
         direct = direct_mflux(model, args.size, args.steps, args.runs)
         exo = through_exo(model, Path(tmp) / "exo", args.size, args.steps, args.runs)
+        one, two = (split_ranks(model, Path(tmp), r, args.size, args.steps) for r in (1, 2))
     print(f"{'':24}{'s/step':>10}{'total s':>10}")
     print(f"{'mflux directly':24}{direct['step_s']:>10.2f}{direct['total_s']:>10.2f}")
     print(f"{'through exo':24}{exo['step_s']:>10.2f}{exo['total_s']:>10.2f}")
@@ -136,7 +164,12 @@ def main() -> None:
         f"{'ratio exo/direct':24}{exo['step_s'] / direct['step_s']:>10.2f}"
         f"{exo['total_s'] / direct['total_s']:>10.2f}"
     )
-    print("2 ranks beside 1: not measured (the transformer split is not built yet)")
+    print(f"{'1 rank (split_run)':24}{one['step_s']:>10.2f}{one['total_s']:>10.2f}")
+    print(f"{'2 ranks, one machine':24}{two['step_s']:>10.2f}{two['total_s']:>10.2f}")
+    print(
+        f"{'ratio 2 ranks/1 rank':24}{two['step_s'] / one['step_s']:>10.2f}"
+        f"{two['total_s'] / one['total_s']:>10.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -94,10 +94,3 @@ class SplitTransformer(nn.Module):
 def split_transformer(model: Any, group: mx.distributed.Group, start: int, end: int) -> None:
     """Make a loaded mflux model run only blocks `[start, end)` of its transformer."""
     model.transformer = SplitTransformer(model.transformer, group, start, end)
-
-
-def agree_to_stop(group: mx.distributed.Group, stop: bool) -> bool:
-    """Whether any rank wants to stop (a cancel reaches rank 0 only): every rank calls this at
-    the same step, so all of them leave the loop together and none waits on a peer."""
-    flag = mx.distributed.all_sum(mx.array(1.0 if stop else 0.0), group=group, stream=mx.cpu)
-    return float(flag.item()) > 0
