@@ -86,10 +86,6 @@ def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None
         raise InvalidRequest(f"model '{card.model_id}' does not accept images")
 
 
-# How long an auto-placement waits for this node's first telemetry to be committed.
-OWN_TELEMETRY_WAIT_S = 10.0
-
-
 class GenerationService:
     def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
         self._node = node
@@ -117,7 +113,9 @@ class GenerationService:
                     f"model '{card.model_id}' has no running instance; "
                     "place one with POST /instance (auto-placement is off)"
                 )
-            await self._own_telemetry_known()
+            # Placement reads which engines each node runs from state: wait for this node's
+            # first report rather than refuse a model its own engine serves.
+            await self._node.wait_reported()
             result = await self._node.send_command(PlaceInstance(model_id=card.model_id, card=card))
             if not result.ok or result.instance_id is None:
                 raise NoInstance(f"could not place '{card.model_id}': {result.message}")
@@ -126,16 +124,6 @@ class GenerationService:
             if instance is None:
                 raise NoInstance(f"the new instance of '{card.model_id}' is already gone")
             return instance
-
-    async def _own_telemetry_known(self, timeout: float = OWN_TELEMETRY_WAIT_S) -> None:
-        """Placement reads which engines each node runs from its telemetry in state: a node
-        asked right after it started would otherwise refuse a model its own engine serves."""
-        node = self._node
-        if node.worker is None:
-            return
-        with anyio.move_on_after(timeout):
-            while node.node_id not in node.state.nodes:
-                await node.replica.wait_change()
 
     def _best_instance(self, model_id: ModelId) -> Instance | None:
         state = self._node.state
