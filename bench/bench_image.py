@@ -1,9 +1,9 @@
 """Image generation through exo beside mflux called directly, on the same weights.
 
-    uv run python bench/bench_image.py [--size 128] [--steps 4] [--single-blocks 1]
+    uv run python bench/bench_image.py [--size 128] [--steps 4] [--joint-blocks 1] [--single-blocks 1]
 
-Writes a tiny random-weight FLUX.1 (mflux's saved layout; widths are FLUX.1's own, only the
-block counts are cut), then prints, in one run:
+Writes a tiny random-weight FLUX.1 (mflux's saved layout; the transformer's widths are FLUX.1's
+own with the block counts cut, the VAE is 8x narrower), then prints, in one run:
   * mflux directly (`Flux1.generate_image`, in a process with the runner's environment: fp32,
     the core's fast BLAS): seconds per denoising step and total seconds per image;
   * the same request through a real `exo` process (HTTP, master, worker, image runner
@@ -12,7 +12,8 @@ block counts are cut), then prints, in one run:
   * the transformer split over 2 ranks (two processes joined by mx.distributed's ring on
     127.0.0.1, `exo_engine_mflux.split_run`) beside 1 rank: seconds per step and per image.
     On one machine both ranks share its cores, so this shows the split's overhead, not the
-    speed of two machines. (The split is not wired into exo's runners yet: measured directly.)
+    speed of two machines (the split is not wired into exo's runners yet: measured directly).
+    With the default single block, rank 1 holds none: pass `--joint-blocks 1` to split two.
 Never asserts on time.
 """
 
