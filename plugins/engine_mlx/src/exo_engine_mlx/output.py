@@ -22,6 +22,7 @@ from exo_core.plugin import (
     ToolCallParseError,
     tool_call,
 )
+from exo_engine_mlx.harmony import HarmonyParser, is_harmony
 from exo_engine_mlx.prompt import template_tools
 from exo_engine_mlx.tool_formats import ToolFormat, find_format
 
@@ -70,6 +71,8 @@ def tool_format(tokenizer: Any) -> ToolFormat | None:
 def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> OutputParser | None:
     """The parser for one sequence: the family's thinking, then its tool calls (only when the
     request offered tools, so a model's literal tags are otherwise left as text)."""
+    if is_harmony(tokenizer):  # gpt-oss: channels carry both thinking and calls
+        return HarmonyParser(bool(template_tools(params)), prompt)
     parsers: list[OutputParser] = []
     start = getattr(tokenizer, "think_start", None)
     end = getattr(tokenizer, "think_end", None)
