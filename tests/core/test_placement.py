@@ -18,11 +18,11 @@ from exo_core.decide import (
     ring_ports,
 )
 from exo_core.events import IndexedEvent, InstanceCreated, ModelCardAdded
-from exo_core.reducer import apply
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.model_cards import ModelCard
 from exo_core.placement import place, replacement_options, split_layers
 from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.reducer import apply
 from exo_core.state import (
     DownloadProgress,
     DownloadStatus,

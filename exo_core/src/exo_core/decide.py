@@ -195,7 +195,9 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
             if card is None:
                 raise CommandRefused(404, f"unknown model '{command.model_id}'")
             if card.model_id != command.model_id:
-                raise CommandRefused(422, f"the card is for '{card.model_id}', not '{command.model_id}'")
+                raise CommandRefused(
+                    422, f"the card is for '{card.model_id}', not '{command.model_id}'"
+                )
             if command.instance_id in state.instances:
                 raise CommandRefused(409, f"instance '{command.instance_id}' already exists")
             request = PlacementRequest(

@@ -18,6 +18,7 @@ import json
 import re
 from typing import Any
 
+from exo_core.parsers import split_held
 from exo_core.plugin import (
     Chunk,
     OutputParser,
@@ -28,7 +29,6 @@ from exo_core.plugin import (
     ToolCallParseError,
     tool_call,
 )
-from exo_core.parsers import split_held
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"

@@ -169,6 +169,26 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         "intermediate_size": 32,
         "sliding_window": 32,
     },
+    "minimax": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "shared_intermediate_size": 32,
+        "rotary_dim": 8,
+        "head_dim": 16,
+    },
+    "step3p5": {
+        "num_attention_groups": 2,
+        "head_dim": 16,
+        "sliding_window": 32,
+        "layer_types": ["full_attention", "sliding_attention"] * 2,
+        "moe_num_experts": 4,
+        "moe_top_k": 2,
+        "moe_intermediate_size": 32,
+        "share_expert_dim": 32,
+        "moe_layers_enum": "1,2,3",
+        "use_head_wise_attn_gate": True,
+    },
 }
 
 
