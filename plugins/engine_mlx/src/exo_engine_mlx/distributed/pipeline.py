@@ -290,6 +290,7 @@ class SlicedStage(nn.Module):
             if not tied:
                 full.lm_head = _Dropped()
         self.model = full
+        self._tied = tied
 
     @property
     def group(self) -> mx.distributed.Group:
@@ -309,11 +310,16 @@ class SlicedStage(nn.Module):
         return mx.distributed.recv_like(template, self._rank - 1, group=self._group)
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        inner = self.model.model
+        h = inner(inputs, cache=cache)
         if self.last:
+            # The head as these families' own forward applies it, on the last position only.
+            out = h[:, -1:, :]
+            logits = inner.embed_tokens.as_linear(out) if self._tied else self.model.lm_head(out)
             # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
-            logits = self.model(inputs, cache=cache)[:, -1:, :].astype(mx.float32)
+            logits = logits.astype(mx.float32)
         else:
-            h = self.model.model(inputs, cache=cache).astype(_float_dtype(self.layers[0]))
+            h = h.astype(_float_dtype(self.layers[0]))
             sent = mx.distributed.send(h, self._rank + 1, group=self._group)
             # A prefill step evaluates only the caches: make them carry the send.
             if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
