@@ -30,6 +30,7 @@ CASES = [
     ("minimax", "pipeline"),
     ("step3p5", "pipeline"),
     ("qwen3_moe", "tensor"),
+    ("gpt_oss", "tensor"),
 ]
 PROMPTS = {"a": "hello world", "b": "the quick brown fox jumps over the lazy dog"}
 

@@ -291,6 +291,8 @@ class SlicedStage(nn.Module):
                 full.lm_head = _Dropped()
         self.model = full
         self._tied = tied
+        if len(self.make_cache()) != len(self.layers):  # the send rides on the last cache
+            raise PipelineUnsupported(f"{model_type}: its caches do not follow its layers")
 
     @property
     def group(self) -> mx.distributed.Group:
