@@ -196,10 +196,15 @@ def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) ->
     # The caller is answered at once; the runner stops at its next step boundary.
     wait_until(lambda: len(_cancels(image_node)) > len(earlier), timeout=60)
     stopped = _cancels(image_node)[len(earlier) :]
-    assert len(stopped) == 1 and stopped[0] < 20, stopped
-    gone = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
-    assert gone.status_code == 404
-    assert httpx.get(f"{image_node.url}/progress", timeout=10).json()["tasks"] == []
+    # Far from 200 (the cancel travels through the master while the runner keeps stepping).
+    assert len(stopped) == 1 and stopped[0] < 100, stopped
+
+    def let_go() -> bool:  # the stream's end is sent before the server lets go of its id
+        gone = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
+        tasks = httpx.get(f"{image_node.url}/progress", timeout=10).json()["tasks"]
+        return gone.status_code == 404 and tasks == []
+
+    wait_until(let_go, timeout=30)
 
 
 @pytest.mark.parametrize(
