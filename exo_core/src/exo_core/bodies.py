@@ -1,8 +1,9 @@
 """The data plane for requests: a task's body never enters the replicated log.
 
 The API node that holds a caller's request keeps its body (messages, images, prompt, tools,
-stop strings; an image request's prompts and uploaded image) while the caller waits. The replicated task carries only what the cluster needs
-to schedule and cancel it (`redacted` params). Rank 0 of the task's instance fetches the body
+stop strings; an image request's prompts and uploaded image) while the caller waits. The
+replicated task carries only what the cluster needs to schedule and cancel it (`redacted`
+params, `redacted_image`). Rank 0 of the task's instance fetches the body
 from the API node by request, point to point, just as its chunks travel back; the API node
 hands it to that node only. A body that cannot be fetched fails the task with an error that
 says so.
