@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -147,6 +147,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     params: GenerationParams
     # Set for an image task (its `params` stay empty).
     image: ImageRequest | None = None
+    # The id the caller's response carries (`chatcmpl-...`): any node cancels the task by it.
+    request_id: Annotated[str, msgspec.Meta(max_length=128)] | None = None
     status: TaskStatus = TaskStatus.PENDING
     error: str | None = None
 
