@@ -168,7 +168,7 @@ class Node:
         self.election = Election(
             me=self._campaign,
             broadcast=self._broadcast_campaign,
-            become_master=self._become_master,
+            become_master=self._run_for_master,
             follow=self._follow,
             step_down=self._step_down,
             timing=election_timing,
@@ -648,6 +648,11 @@ class Node:
             logger.info(f"term {term}: {granted} of {members} votes, not a majority")
             return False
         return True
+
+    async def _run_for_master(self, term: int) -> bool:
+        won = await self._become_master(term)
+        self.metrics.campaigns.labels("won" if won else "lost").inc()
+        return won
 
     async def _become_master(self, term: int) -> bool:
         """Take over: catch up from the most complete log in reach, win a majority of votes,
