@@ -322,9 +322,15 @@ def _runners(state: State, nodes: set[NodeId]) -> Iterator[GaugeMetricFamily]:
         "Failures in a row of a node's runners for a model (the restart back-off's count).",
         ["node", "model"],
     )
+    memory = _gauge(
+        "exo_runner_memory_bytes",
+        "Resident memory of a node's runner processes for a model (node telemetry).",
+        ["node", "model"],
+    )
     counts: dict[tuple[str, str, str], int] = {}
     failed: dict[tuple[str, str], int] = {}
-    for runner in state.runners.values():
+    resident: dict[tuple[str, str], int] = {}
+    for runner_id, runner in state.runners.items():
         if runner.node_id not in nodes:
             continue
         instance = state.instances.get(runner.instance_id)
@@ -333,11 +339,17 @@ def _runners(state: State, nodes: set[NodeId]) -> Iterator[GaugeMetricFamily]:
         counts[key] = counts.get(key, 0) + 1
         pair = (str(runner.node_id), model)
         failed[pair] = failed.get(pair, 0) + runner.failures
+        info = state.nodes.get(runner.node_id)
+        rss = info.resources.runner_memory.get(runner_id) if info else None
+        if rss is not None:
+            resident[pair] = resident.get(pair, 0) + rss
     for key, n in sorted(counts.items()):
         runners.add_metric(list(key), float(n))
     for pair, n in sorted(failed.items()):
         failures.add_metric(list(pair), float(n))
-    yield from (runners, failures)
+    for pair, n in sorted(resident.items()):
+        memory.add_metric(list(pair), float(n))
+    yield from (runners, failures, memory)
 
 
 def _tasks(state: State, nodes: set[NodeId]) -> Iterator[GaugeMetricFamily]:

@@ -740,7 +740,10 @@ class Node:
         while True:
             serves = self.servable() if self.worker else ()
             resources = gather_resources(
-                self.config.data_dir, engines if self.worker else (), serves
+                self.config.data_dir,
+                engines if self.worker else (),
+                serves,
+                self.worker.runner_pids() if self.worker else None,
             )
             report = ReportEvents(
                 events=(

@@ -25,6 +25,8 @@ class NodeResources(msgspec.Struct, frozen=True, kw_only=True):
     # The models (of the cards this node knows) its engines can serve; None: not reported,
     # then any node with an engine is a candidate.
     serves: tuple[ModelId, ...] | None = None
+    # Resident memory of this node's runners that run in processes of their own, in bytes.
+    runner_memory: dict[RunnerId, int] = msgspec.field(default_factory=dict)
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):

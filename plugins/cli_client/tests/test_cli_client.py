@@ -120,6 +120,10 @@ def test_run_places_the_model_then_chats(node: ExoProcess) -> None:
     header, row = ps.stdout.splitlines()[:2]
     assert header.split("\t")[4:6] == ["RUNNERS", "STARTUP"]
     assert MODEL in row and "ready" in row and float(row.split("\t")[5].rstrip("s")) > 0
+    # The runner's resident memory, once the node's telemetry (every 5 s) reported it.
+    memory = lambda: exo("ps", node=node).stdout.splitlines()[1].split("\t")[7]  # noqa: E731
+    wait_until(lambda: memory() != "-", timeout=60)
+    assert memory().endswith(("MB", "GB")), memory()
     child = spawn("run", MODEL, "--max-tokens", "8", node=node)
     child.expect(">>> ")
     child.sendline("What is the capital of France?")
