@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from contextlib import ExitStack
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
@@ -19,9 +18,8 @@ class PrefillBar:
     """A bar of the prompt tokens read so far, on a terminal only; it goes away when the
     answer starts."""
 
-    def __init__(self, out: Output, stack: ExitStack) -> None:
+    def __init__(self, out: Output) -> None:
         self._out = out
-        self._stack = stack
         self._bar: tuple[Progress, TaskID] | None = None
 
     def show(self, prefill: Prefill) -> None:
@@ -36,7 +34,7 @@ class PrefillBar:
                 console=self._out.console,
                 transient=True,
             )
-            self._stack.enter_context(bar)
+            bar.start()
             self._bar = (bar, bar.add_task("prefill", total=prefill.total))
         bar, task = self._bar
         bar.update(task, completed=prefill.done, total=prefill.total)
@@ -50,8 +48,11 @@ class PrefillBar:
 def reply(client: NodeClient, out: Output, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """Stream one answer to the terminal (thinking dimmed, a bar while a long prompt is
     prefilled); returns its text and usage."""
-    with ExitStack() as stack:
-        return _reply(client, out, body, PrefillBar(out, stack))
+    prefill = PrefillBar(out)
+    try:
+        return _reply(client, out, body, prefill)
+    finally:
+        prefill.end()
 
 
 def _reply(
