@@ -47,7 +47,8 @@ def snapshot(root: Path) -> dict[str, str]:
     out: dict[str, str] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if p.is_file() and p.name not in NODE_OWNED and "logs" not in rel.parts:
+        owned = p.name in NODE_OWNED or p.name.lstrip(".").partition(".tmp-")[0] in NODE_OWNED
+        if p.is_file() and not owned and "logs" not in rel.parts:
             out[str(rel)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 
