@@ -168,6 +168,11 @@ class Worker:
                 self._cancelling.add(task_id)
                 self._tg.start_soon(self._cancel, task_id, scope)
 
+    def runner_pids(self) -> dict[RunnerId, int]:
+        """The processes of this node's runners that run in one of their own (telemetry)."""
+        pids = {rid: local.runner.pid for rid, local in self._locals.items() if local.runner}
+        return {rid: pid for rid, pid in pids.items() if pid is not None}
+
     def _local_for(self, instance_id: InstanceId) -> _Local | None:
         return next(
             (x for x in self._locals.values() if x.instance.instance_id == instance_id), None
