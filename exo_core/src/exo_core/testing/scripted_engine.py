@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 
@@ -178,6 +177,7 @@ class ScriptedRunner(Runner):
 
 class ScriptedEngine(Engine):
     name = "scripted"
+    needs_download = False  # its "models" are scripts: the downloader is never asked
 
     def __init__(self, delay_s: float = 0.0, fail_load: bool = False) -> None:
         self.delay_s = delay_s
@@ -186,9 +186,6 @@ class ScriptedEngine(Engine):
 
     def can_serve(self, card: ModelCard) -> bool:
         return card.source.startswith("scripted:")
-
-    async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
-        return models_dir  # nothing to fetch
 
     def create_runner(self, spec: RunnerSpec) -> Runner:
         runner = ScriptedRunner(spec, self.delay_s, self.fail_load)
