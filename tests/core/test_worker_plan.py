@@ -27,6 +27,7 @@ from exo_core.worker_plan import (
     after_failure,
     peers_started,
     plan,
+    stage_times,
     task_outcome,
 )
 
@@ -133,3 +134,15 @@ def test_a_tasks_final_status_comes_from_its_last_chunk() -> None:
     assert task_outcome(cancelled) == (TaskStatus.CANCELLED, None)
     done = FinishChunk(task_id=t, finish_reason=FinishReason.STOP)
     assert task_outcome(done) == (TaskStatus.COMPLETE, None)
+
+
+def test_a_runner_reports_how_long_each_stage_of_its_start_took() -> None:
+    pending, loading, ready = RunnerStatus.PENDING, RunnerStatus.LOADING, RunnerStatus.READY
+    since, stages = stage_times(pending, 10.0, {}, loading, now=10.5)
+    assert (since, stages) == (10.5, {"pending": 0.5})
+    assert stage_times(loading, since, stages, loading, now=11.0) == (10.5, {"pending": 0.5})
+    since, stages = stage_times(loading, since, stages, ready, now=12.0)
+    assert stages == {"pending": 0.5, "loading": 1.5}
+    # Serving is not a stage; a restart after a failure starts the count afresh.
+    assert stage_times(ready, since, stages, RunnerStatus.RUNNING, now=13.0)[1] == stages
+    assert stage_times(RunnerStatus.FAILED, 14.0, stages, pending, now=15.0) == (15.0, {})

@@ -54,6 +54,7 @@ from exo_core.worker_plan import (
     after_failure,
     peers_started,
     plan,
+    stage_times,
     task_outcome,
 )
 
@@ -229,14 +230,9 @@ class Worker:
         )
 
     def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
-        now = time.time()
-        if status != local.status:
-            # A restart begins its stages afresh; READY <-> RUNNING is serving, not a stage.
-            if local.status in (RunnerStatus.FAILED, RunnerStatus.STOPPED):
-                local.stage_seconds = {}
-            elif local.status not in (RunnerStatus.READY, RunnerStatus.RUNNING):
-                local.stage_seconds[local.status.value] = round(now - local.since, 3)
-            local.since = now
+        local.since, local.stage_seconds = stage_times(
+            local.status, local.since, local.stage_seconds, status, time.time()
+        )
         local.status = status
         if status == RunnerStatus.READY:
             # The counter counts failures in a row: a runner that came up again starts over.

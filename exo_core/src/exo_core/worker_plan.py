@@ -135,6 +135,25 @@ def after_failure(failures: int, message: str, policy: RetryPolicy) -> Restart |
     return Restart(policy.delay(failures))
 
 
+def stage_times(
+    previous: RunnerStatus,
+    since: float,
+    stages: Mapping[str, float],
+    status: RunnerStatus,
+    now: float,
+) -> tuple[float, dict[str, float]]:
+    """When a runner's status `status` began, and the seconds each earlier stage of this start
+    took (downloading, loading...), after it was `previous` since `since`. A restart begins its
+    stages afresh; READY <-> RUNNING is serving, not a stage."""
+    if status == previous:
+        return since, dict(stages)
+    if previous in (RunnerStatus.FAILED, RunnerStatus.STOPPED):
+        return now, {}
+    if previous in (RunnerStatus.READY, RunnerStatus.RUNNING):
+        return now, dict(stages)
+    return now, {**stages, previous.value: round(now - since, 3)}
+
+
 # -- groups and tasks -------------------------------------------------------------------------
 
 # A group's rank may start its runner once every other rank is at least this far.
