@@ -58,6 +58,11 @@ class Runner(abc.ABC):
     async def stop(self) -> None:
         """End the runner and free everything it holds."""
 
+    @property
+    def pid(self) -> int | None:
+        """The runner's own process, when it runs in one: telemetry reports its memory."""
+        return None
+
 
 class Engine(abc.ABC):
     #: A short name, reported in node telemetry as an available backend (e.g. "mlx").

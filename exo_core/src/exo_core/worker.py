@@ -158,6 +158,11 @@ class Worker:
         for action in plan(state, self.node_id, held):
             self._act(action)
 
+    def runner_pids(self) -> dict[RunnerId, int]:
+        """The processes of this node's runners that run in one of their own (telemetry)."""
+        pids = {rid: local.runner.pid for rid, local in self._locals.items() if local.runner}
+        return {rid: pid for rid, pid in pids.items() if pid is not None}
+
     def _act(self, action: WorkerAction) -> None:
         assert self._tg is not None
         match action:
