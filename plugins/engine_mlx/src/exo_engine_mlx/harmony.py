@@ -18,7 +18,6 @@ import json
 import re
 from typing import Any
 
-from exo_core.parsers import split_held
 from exo_core.plugin import (
     Chunk,
     OutputParser,
@@ -27,6 +26,7 @@ from exo_core.plugin import (
     ThinkingChunk,
     ToolCallChunk,
     ToolCallParseError,
+    split_held,
     tool_call,
 )
 
