@@ -12,6 +12,7 @@ from typing import Any
 import anthropic
 import anyio
 import httpx
+import ollama
 import openai
 import pytest
 from litestar import get
@@ -280,6 +281,50 @@ def test_a_runner_that_fails_to_load_answers_a_5xx_with_its_reason_in_each_diale
                 model="scripted-echo", max_tokens=8, messages=[{"role": "user", "content": "hi"}]
             )
         assert "scripted load failure" in failed.value.message
+        with pytest.raises(ollama.ResponseError) as refused:
+            ollama.Client(host=node.url).chat(
+                model="scripted-echo", messages=[{"role": "user", "content": "hi"}]
+            )
+        assert refused.value.status_code >= 500
+        assert "scripted load failure" in refused.value.error
+
+
+class _RecordingDownloader(api.Downloader):
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def find_local(self, card: api.ModelCard) -> Path | None:
+        self.asked.append(f"find_local {card.model_id}")
+        return None
+
+    async def ensure(self, card: api.ModelCard, report: api.ProgressReporter) -> Path:
+        self.asked.append(f"ensure {card.model_id}")
+        raise api.DownloadFailed("the downloader was asked")
+
+    async def delete(self, card: api.ModelCard) -> bool:
+        self.asked.append(f"delete {card.model_id}")
+        return False
+
+
+class _DownloaderPlugin:
+    def __init__(self) -> None:
+        self.downloader = _RecordingDownloader()
+
+    @hookimpl
+    def exo_downloader(self) -> api.Downloader:
+        return self.downloader
+
+
+def test_an_engine_that_needs_no_download_never_asks_the_downloader(tmp_path: Path) -> None:
+    # The scripted engine says `needs_download = False` and its `prepare_model` returns None.
+    plugin = _DownloaderPlugin()
+    with running_node(tmp_path, [ScriptedEnginePlugin(), plugin]) as node:
+        client = openai.OpenAI(base_url=f"{node.url}/v1", api_key="-", max_retries=0)
+        answer = client.chat.completions.create(
+            model="scripted-echo", messages=[{"role": "user", "content": "hi"}]
+        )
+        assert answer.choices[0].message.content == "echo: hi"
+    assert plugin.downloader.asked == []
 
 
 class _NeverReady(ScriptedEngine):

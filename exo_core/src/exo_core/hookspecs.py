@@ -78,7 +78,7 @@ def exo_downloader(config: NodeConfig, node_id: str) -> Downloader | None:
 
     Called once at startup, with this node's id (progress reports name it). Return an
     `exo_core.downloads.Downloader`. Without one, a node can run only models that an engine
-    prepares itself (`Engine.prepare_model`).
+    prepares itself (`Engine.prepare_model`) or that need none (`Engine.needs_download`).
     """
 
 

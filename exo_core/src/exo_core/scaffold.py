@@ -75,7 +75,6 @@ ENGINE = '''\
 """The $name plugin: an engine that echoes the user's last message, and its model card."""
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 
@@ -140,12 +139,10 @@ class EchoRunner(Runner):
 
 class EchoEngine(Engine):
     name = "$name"
+    needs_download = False  # echo needs no weights: the downloader is never asked
 
     def can_serve(self, card: ModelCard) -> bool:
         return card.source == "$name:"
-
-    async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
-        return models_dir  # nothing to download
 
     def create_runner(self, spec: RunnerSpec) -> Runner:
         return EchoRunner()

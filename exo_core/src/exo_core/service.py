@@ -35,7 +35,7 @@ from exo_core.generation import (
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
-from exo_core.state import Instance, RunnerStatus, Task
+from exo_core.state import Instance, RunnerStatus, State, Task
 from exo_core.validation import FieldNames, ParamError, check_params
 
 if TYPE_CHECKING:
@@ -115,6 +115,23 @@ class TaskProgress(msgspec.Struct, frozen=True, kw_only=True):
     updated: float
 
 
+def _unknown_here(state: State, model_id: str) -> str:
+    """Why a model is unknown here: a plugin's card exists only on the nodes that have the
+    plugin (until an instance of it is placed by a master that lacks it, which replicates it),
+    so say which nodes serve it and with which engines."""
+    serving = [
+        n for n in state.nodes.values() if n.resources.serves and model_id in n.resources.serves
+    ]
+    if not serving:
+        return f"model '{model_id}' is not known to this cluster"
+    nodes = ", ".join(n.node_id for n in serving)
+    engines = ", ".join(sorted({e for n in serving for e in n.resources.engines}))
+    return (
+        f"model '{model_id}' comes from a plugin this node lacks: node(s) {nodes} serve it "
+        f"(engine {engines}); send the request there, or install that plugin on this node"
+    )
+
+
 class GenerationService:
     def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
         self._node = node
@@ -129,7 +146,7 @@ class GenerationService:
     def resolve(self, model_id: str) -> ModelCard:
         card = self._node.card(model_id)
         if card is None:
-            raise ModelNotFound(f"model '{model_id}' is not known to this cluster")
+            raise ModelNotFound(_unknown_here(self._node.state, model_id))
         return card
 
     async def instance_for(self, card: ModelCard) -> Instance:

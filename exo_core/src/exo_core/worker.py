@@ -4,7 +4,8 @@ It reconciles after each change of state: a runner for every shard placed here (
 model first), no runner for a deleted instance, an execution for every task of a local instance,
 and a cancel for every execution whose task left state. Runners that die are restarted with
 exponential backoff; after `MAX_FAILURES` in a row (with no READY between them) the instance is
-deleted.
+deleted. What to do is decided by the pure functions of `exo_core.worker_plan`; this module
+carries it out (runners, downloads, chunks, timers).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from exo_core.commands import Command, CommandResult, DeleteInstance, ReportEven
 from exo_core.downloads import Downloader, DownloadFailed
 from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec
 from exo_core.events import DownloadProgressed, Event, RunnerStatusChanged, TaskStatusChanged
-from exo_core.generation import Chunk, ErrorChunk, FinishChunk, FinishReason
+from exo_core.generation import Chunk, ErrorChunk, FinishChunk
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import ModelCard
 from exo_core.redact import public_message
@@ -39,6 +40,23 @@ from exo_core.state import (
     Task,
     TaskStatus,
 )
+from exo_core.worker_plan import (
+    NO_ANSWER,
+    CancelExecution,
+    GiveUp,
+    Held,
+    Restart,
+    RetryPolicy,
+    RunTask,
+    StartRunner,
+    StopRunner,
+    WorkerAction,
+    after_failure,
+    peers_started,
+    plan,
+    stage_times,
+    task_outcome,
+)
 
 MAX_FAILURES = 3
 # How long a task waits for its runner to become READY (downloads not counted) before it fails
@@ -47,17 +65,6 @@ READY_TIMEOUT_S = float(os.environ.get("EXO_RUNNER_READY_TIMEOUT_S", "900"))
 BACKOFF_BASE_S = 2.0
 BACKOFF_CAP_S = 30.0
 
-# A group's rank may start its runner once every other rank is at least this far.
-_STARTED = frozenset(
-    {
-        RunnerStatus.CONNECTING,
-        RunnerStatus.LOADING,
-        RunnerStatus.WARMING_UP,
-        RunnerStatus.READY,
-        RunnerStatus.RUNNING,
-    }
-)
-
 SendCommand = Callable[[Command], Awaitable[CommandResult]]
 SendChunk = Callable[[NodeId, Chunk], Awaitable[None]]
 # Rank 0 gets the task as its caller asked for it (the log holds no request text).
@@ -65,9 +72,14 @@ FetchBody = Callable[[Task], Awaitable[Task]]
 CardLookup = Callable[[ModelId], ModelCard | None]
 
 
+def retry_policy() -> RetryPolicy:
+    """The policy from this module's settings (read at each failure: tests shorten them)."""
+    return RetryPolicy(max_failures=MAX_FAILURES, base_s=BACKOFF_BASE_S, cap_s=BACKOFF_CAP_S)
+
+
 def backoff_delay(failures: int) -> float:
     """Seconds to wait before restart number `failures` (1-based): 2, 4, 8, 16, 30, 30..."""
-    return min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2 ** max(0, failures - 1))
+    return retry_policy().delay(failures)
 
 
 class _Local:
@@ -139,44 +151,34 @@ class Worker:
                 await local.runner.stop()
 
     def reconcile(self, state: State) -> None:
-        assert self._tg is not None
-        wanted = {
-            shard.runner_id: (instance, shard)
-            for instance in state.instances.values()
-            if (shard := instance.shard_on(self.node_id)) is not None
-        }
-        for runner_id, (instance, shard) in wanted.items():
-            if runner_id not in self._locals:
-                local = _Local(instance, shard)
-                self._locals[runner_id] = local
-                self._tg.start_soon(self._supervise, local)
-        for runner_id, local in list(self._locals.items()):
-            if runner_id not in wanted:
-                local.scope.cancel()
-                del self._locals[runner_id]
-                self._failures.pop(local.instance.instance_id, None)
-        for task in state.tasks.values():
-            if task.task_id in self._executions or task.status != TaskStatus.PENDING:
-                continue
-            local = self._local_for(task.instance_id)
-            if local is not None:
-                scope = anyio.CancelScope()
-                self._executions[task.task_id] = scope
-                self._tg.start_soon(self._execute, local, task, scope)
-        for task_id, scope in list(self._executions.items()):
-            if task_id not in state.tasks and task_id not in self._cancelling:
-                self._cancelling.add(task_id)
-                self._tg.start_soon(self._cancel, task_id, scope)
+        held = Held(
+            runners={runner_id: x.instance.instance_id for runner_id, x in self._locals.items()},
+            executing=frozenset(self._executions),
+            cancelling=frozenset(self._cancelling),
+        )
+        for action in plan(state, self.node_id, held):
+            self._act(action)
 
     def runner_pids(self) -> dict[RunnerId, int]:
         """The processes of this node's runners that run in one of their own (telemetry)."""
         pids = {rid: local.runner.pid for rid, local in self._locals.items() if local.runner}
         return {rid: pid for rid, pid in pids.items() if pid is not None}
 
-    def _local_for(self, instance_id: InstanceId) -> _Local | None:
-        return next(
-            (x for x in self._locals.values() if x.instance.instance_id == instance_id), None
-        )
+    def _act(self, action: WorkerAction) -> None:
+        assert self._tg is not None
+        match action:
+            case StartRunner(instance=instance, shard=shard):
+                local = self._locals[shard.runner_id] = _Local(instance, shard)
+                self._tg.start_soon(self._supervise, local)
+            case StopRunner(runner_id=runner_id, instance_id=instance_id):
+                self._locals.pop(runner_id).scope.cancel()
+                self._failures.pop(instance_id, None)
+            case RunTask(task=task, runner_id=runner_id):
+                scope = self._executions[task.task_id] = anyio.CancelScope()
+                self._tg.start_soon(self._execute, self._locals[runner_id], task, scope)
+            case CancelExecution(task_id=task_id):
+                self._cancelling.add(task_id)
+                self._tg.start_soon(self._cancel, task_id, self._executions[task_id])
 
     # -- reporting ----------------------------------------------------------------------------
 
@@ -234,14 +236,9 @@ class Worker:
         )
 
     def _set_status(self, local: _Local, status: RunnerStatus, error: str | None = None) -> None:
-        now = time.time()
-        if status != local.status:
-            # A restart begins its stages afresh; READY <-> RUNNING is serving, not a stage.
-            if local.status in (RunnerStatus.FAILED, RunnerStatus.STOPPED):
-                local.stage_seconds = {}
-            elif local.status not in (RunnerStatus.READY, RunnerStatus.RUNNING):
-                local.stage_seconds[local.status.value] = round(now - local.since, 3)
-            local.since = now
+        local.since, local.stage_seconds = stage_times(
+            local.status, local.since, local.stage_seconds, status, time.time()
+        )
         local.status = status
         if status == RunnerStatus.READY:
             # The counter counts failures in a row: a runner that came up again starts over.
@@ -366,11 +363,12 @@ class Worker:
                         f"runner {local.shard.runner_id} failed ({failures}x): {message}"
                     )
                     self._set_status(local, RunnerStatus.FAILED, message)
-                    if failures >= MAX_FAILURES:
-                        reason = f"runner failed {failures} times in a row; last error: {message}"
-                        await self._delete_instance(instance_id, reason)
-                        return
-                    await anyio.sleep(backoff_delay(failures))
+                    match after_failure(failures, message, retry_policy()):
+                        case GiveUp(reason=reason):
+                            await self._delete_instance(instance_id, reason)
+                            return
+                        case Restart(delay_s=delay_s):
+                            await anyio.sleep(delay_s)
                 finally:
                     if runner is not None:
                         with anyio.CancelScope(shield=True):
@@ -378,15 +376,7 @@ class Worker:
                     local.runner = None
 
     async def _peers_ready(self, local: _Local) -> None:
-        while True:
-            runners = self._replica.state.runners
-            peers = [
-                runners.get(s.runner_id)
-                for s in local.instance.shards
-                if s.runner_id != local.shard.runner_id
-            ]
-            if all(r is not None and r.status in _STARTED for r in peers):
-                return
+        while not peers_started(self._replica.state, local.instance, local.shard.runner_id):
             await self._replica.wait_change()
 
     async def _delete_instance(self, instance_id: InstanceId, reason: str) -> None:
@@ -402,7 +392,7 @@ class Worker:
 
     async def _execute(self, local: _Local, task: Task, scope: anyio.CancelScope) -> None:
         leader = local.shard.rank == 0
-        final: Chunk | None = None
+        final: FinishChunk | ErrorChunk | None = None
         try:
             with scope:
                 if leader and self._fetch_body is not None:
@@ -432,14 +422,10 @@ class Worker:
         if not leader:
             return
         if final is None:
-            final = ErrorChunk(task_id=task.task_id, message="the runner ended without an answer")
-            await self._safe_send(task.origin_node, final)
-        if isinstance(final, ErrorChunk):
-            status, error = TaskStatus.FAILED, final.message
-        elif final.finish_reason == FinishReason.CANCELLED:
-            status, error = TaskStatus.CANCELLED, None
-        else:
-            status, error = TaskStatus.COMPLETE, None
+            await self._safe_send(
+                task.origin_node, ErrorChunk(task_id=task.task_id, message=NO_ANSWER)
+            )
+        status, error = task_outcome(final)
         self.report(TaskStatusChanged(task_id=task.task_id, status=status, error=error))
 
     async def _wait_ready(self, local: _Local) -> None:
