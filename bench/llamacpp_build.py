@@ -10,6 +10,7 @@ compiler, a failed build. The bench then skips llama.cpp with that message.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import shutil
@@ -76,8 +77,24 @@ def _source_root(extracted: Path) -> Path:
     raise RuntimeError(f"no llama.cpp source tree under {extracted}")
 
 
-def build_server(log: Path | None = None) -> Path | None:
+def build_server() -> Path | None:
     """Build (or find) llama-server; None with a message on stderr when it cannot."""
+    if (cached := cached_server()) is not None:
+        return cached
+    CACHE.mkdir(parents=True, exist_ok=True)
+    lock = (CACHE / ".build.lock").open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print("llama.cpp: another process is building llama-server now", file=sys.stderr)
+        return None
+    try:
+        return _build()
+    finally:
+        lock.close()
+
+
+def _build(log: Path | None = None) -> Path | None:
     try:
         version, url, sha256 = _sdist_info()
     except Exception as exc:

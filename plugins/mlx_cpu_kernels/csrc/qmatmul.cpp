@@ -51,6 +51,7 @@ struct Problem {
   const float* xsum;      // [M, G]
   int64_t M, N, K, G;
   int group_size, bits;
+  bool dequantize = false;  // write W itself (float32 [N, K]) to `out` instead of x @ W.T
 };
 
 // Rows of x handled together: their accumulators stay in registers.
@@ -79,6 +80,19 @@ void rows_scalar(const Problem& p, int64_t n0, int64_t n1) {
         total += p.scales[n * p.G + g] * dot + p.biases[n * p.G + g] * p.xsum[m * p.G + g];
       }
       p.out[m * p.N + n] = total;
+    }
+  }
+}
+
+void dequantize_scalar(const Problem& p, int64_t n0, int64_t n1) {
+  const int per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + n * (p.K / per_word);
+    for (int64_t k = 0; k < p.K; ++k) {
+      const int64_t g = n * p.G + k / p.group_size;
+      float v = static_cast<float>((wr[k / per_word] >> ((k % per_word) * p.bits)) & mask);
+      p.out[n * p.K + k] = p.scales[g] * v + p.biases[g];
     }
   }
 }
@@ -156,10 +170,31 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0,
 }
 #endif
 
+#ifdef EXO_X86
+__attribute__((target("avx2,fma"))) void dequantize_avx2(
+    const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t words_per_group = p.group_size * p.bits / 32;
+  alignas(32) float q[128];
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t g = 0; g < p.G; ++g) {
+      expand_group(p.w + (n * p.G + g) * words_per_group, p.group_size, p.bits, q);
+      const __m256 scale = _mm256_set1_ps(p.scales[n * p.G + g]);
+      const __m256 bias = _mm256_set1_ps(p.biases[n * p.G + g]);
+      float* dst = p.out + n * p.K + g * p.group_size;
+      for (int j = 0; j < p.group_size / 8; ++j)
+        _mm256_storeu_ps(dst + 8 * j, _mm256_fmadd_ps(_mm256_load_ps(q + 8 * j), scale, bias));
+    }
+  }
+}
+#endif
+
+// Tests force the portable path to check it on machines that have AVX2.
+std::atomic<bool> g_portable{false};
+
 bool has_avx2() {
 #ifdef EXO_X86
   static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return ok;
+  return ok && !g_portable.load(std::memory_order_relaxed);
 #else
   return false;
 #endif
@@ -168,11 +203,11 @@ bool has_avx2() {
 void rows(const Problem& p, int64_t n0, int64_t n1) {
 #ifdef EXO_X86
   if (has_avx2()) {
-    rows_avx2(p, n0, n1);
+    p.dequantize ? dequantize_avx2(p, n0, n1) : rows_avx2(p, n0, n1);
     return;
   }
 #endif
-  rows_scalar(p, n0, n1);
+  p.dequantize ? dequantize_scalar(p, n0, n1) : rows_scalar(p, n0, n1);
 }
 
 // ---------------------------------------------------------------- the thread pool
@@ -213,7 +248,7 @@ class Pool {
 
   void run(const Problem& p) {
     std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
-    const int64_t work = p.N * p.K * p.M;
+    const int64_t work = p.N * p.K * std::max<int64_t>(1, p.M);
     // Small matrices, no workers, or another stream's call in flight: run here.
     if (!submit.owns_lock() || workers_.empty() || work < (1 << 16)) {
       rows(p, 0, p.N);
@@ -290,8 +325,8 @@ void run(const Problem& p) {
 
 class QuantizedMatmulCPU : public mx::Primitive {
  public:
-  QuantizedMatmulCPU(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+  QuantizedMatmulCPU(mx::Stream stream, int group_size, int bits, bool dequantize)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), dequantize_(dequantize) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -302,8 +337,9 @@ class QuantizedMatmulCPU : public mx::Primitive {
     out.set_data(mx::allocator::malloc(out.nbytes()));
 
     Problem p{};
-    p.K = x.shape(-1);
-    p.M = x.size() / p.K;
+    p.dequantize = dequantize_;
+    p.K = dequantize_ ? w.shape(1) * 32 / bits_ : x.shape(-1);
+    p.M = dequantize_ ? 0 : x.size() / p.K;
     p.N = w.shape(0);
     p.G = p.K / group_size_;
     p.group_size = group_size_;
@@ -321,6 +357,10 @@ class QuantizedMatmulCPU : public mx::Primitive {
     encoder.set_input_array(biases);
     encoder.set_output_array(out);
     encoder.dispatch([p]() mutable {
+      if (p.dequantize) {
+        run(p);
+        return;
+      }
       std::vector<float> xsum(p.M * p.G);
       for (int64_t m = 0; m < p.M; ++m)
         for (int64_t g = 0; g < p.G; ++g) {
@@ -339,15 +379,17 @@ class QuantizedMatmulCPU : public mx::Primitive {
   }
 
   const char* name() const override {
-    return "ExoQuantizedMatmulCPU";
+    return dequantize_ ? "ExoDequantizeCPU" : "ExoQuantizedMatmulCPU";
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QuantizedMatmulCPU*>(&other);
-    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_;
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
+        o->dequantize_ == dequantize_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    if (dequantize_) return {{inputs[1].shape(0), inputs[1].shape(1) * 32 / bits_}};
     mx::Shape shape = inputs[0].shape();
     shape.back() = inputs[1].shape(0);
     return {shape};
@@ -356,6 +398,7 @@ class QuantizedMatmulCPU : public mx::Primitive {
  private:
   int group_size_;
   int bits_;
+  bool dequantize_;
 };
 
 mx::array quantized_matmul(
@@ -389,8 +432,32 @@ mx::array quantized_matmul(
   return mx::array(
       out_shape,
       mx::float32,
-      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits),
+      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, false),
       {f32(x), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
+}
+
+mx::array dequantize(
+    const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (w.ndim() != 2 || w.dtype() != mx::uint32)
+    throw std::invalid_argument("w must be a 2-D uint32 array");
+  const int64_t N = w.shape(0);
+  const int64_t K = w.shape(1) * 32 / bits;
+  if (K % group_size != 0 || scales.ndim() != 2 || scales.shape(0) != N ||
+      scales.shape(1) != K / group_size || biases.shape() != scales.shape())
+    throw std::invalid_argument("scales and biases must be [N, K / group_size]");
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto f32 = [&](const mx::array& a) {
+    return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
+  };
+  // The first input is unused by the dequantize path; `scales` stands in for it.
+  return mx::array(
+      {static_cast<int>(N), static_cast<int>(K)},
+      mx::float32,
+      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, true),
+      {f32(scales), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
 }
 
 }  // namespace
@@ -408,10 +475,24 @@ NB_MODULE(_ext, m) {
       nb::arg("bits"),
       "x @ dequantize(w, scales, biases).T for MLX affine 4/8-bit weights, as float32.");
   m.def(
+      "dequantize",
+      &dequantize,
+      nb::arg("w"),
+      nb::arg("scales"),
+      nb::arg("biases"),
+      nb::arg("group_size"),
+      nb::arg("bits"),
+      "dequantize(w, scales, biases) as float32 [N, K], vectorised and multi-threaded.");
+  m.def(
       "set_num_threads",
       [](int n) { pool().resize(std::max(1, n)); },
       nb::arg("n"),
       "Threads the kernel uses (the runner sets it from the cores it may use).");
   m.def("num_threads", []() { return pool().size(); });
+  m.def(
+      "force_portable",
+      [](bool on) { g_portable = on; },
+      nb::arg("on"),
+      "Use the portable path even where AVX2 is present (for tests).");
   m.def("simd", []() { return has_avx2() ? "avx2+fma" : "portable"; });
 }

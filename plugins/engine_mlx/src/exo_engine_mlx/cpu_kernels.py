@@ -61,7 +61,7 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
     if rows >= PREFILL_ROWS:
-        dense = mx.dequantize(w, scales, biases, m.group_size, m.bits).astype(mx.float32)
+        dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
         return x.astype(mx.float32) @ dense.T
     return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits)
 

@@ -63,11 +63,24 @@ def simd() -> str:
     return str(_ext.simd()) if _ext is not None else "unavailable"
 
 
+def force_portable(on: bool) -> None:
+    """Take the portable path even where AVX2 is present (tests check both paths)."""
+    if _ext is not None:
+        _ext.force_portable(on)
+
+
 def quantized_matmul(x: Any, w: Any, scales: Any, biases: Any, group_size: int, bits: int) -> Any:
     """x @ dequantize(w, scales, biases).T in float32 (x: [..., K], w: [N, K*bits/32] uint32)."""
     if _ext is None:
         raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
     return _ext.quantized_matmul(x, w, scales, biases, group_size, bits)
+
+
+def dequantize(w: Any, scales: Any, biases: Any, group_size: int, bits: int) -> Any:
+    """dequantize(w, scales, biases) as float32 [N, K] (mx.dequantize, vectorised and threaded)."""
+    if _ext is None:
+        raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
+    return _ext.dequantize(w, scales, biases, group_size, bits)
 
 
 if _ext is not None:
