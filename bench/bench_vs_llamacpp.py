@@ -80,7 +80,9 @@ def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]
     return Run(ttft=first - start, decode=end - first, tokens=usage_tokens or chunks)
 
 
-def measure(base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object]) -> Figures:
+def measure(
+    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object]
+) -> Figures:
     stream_once(base_url, model, 4, extra)  # warm-up: places/loads the model
     runs = [stream_once(base_url, model, tokens, extra) for _ in range(3)]
     start = time.perf_counter()
@@ -122,10 +124,10 @@ def llama_server(binary: Path, gguf: Path, streams: int, log: Path) -> Iterator[
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"llama-server exited ({proc.returncode}); see {log}")
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
+            health = f"http://127.0.0.1:{port}/health"
+            with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=5) as r:
+                if r.status == 200:
+                    break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"llama-server not ready in 300 s; see {log}")
             time.sleep(0.5)

@@ -49,6 +49,7 @@ struct Problem {
   const float* biases;    // [N, G]
   float* out;             // [M, N]
   const float* xsum;      // [M, G]
+  const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
   int64_t M, N, K, G;
   int group_size, bits;
   bool dequantize = false;  // write W itself (float32 [N, K]) to `out` instead of x @ W.T
@@ -171,6 +172,77 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0,
 #endif
 
 #ifdef EXO_X86
+// 4 bits, straight from the packed words: 4 words (32 elements) are put in both halves of a
+// vector, the upper half shifted by 4; shifting by 0, 8, 16, 24 then gives 8 elements per
+// step: lane w = element 8w + 2t, lane 4 + w = element 8w + 2t + 1 (t = 0..3). x is permuted
+// once per call to that order (`permute_x`), so no shuffles are needed per weight.
+void permute_x(const float* x, float* xp, int64_t count) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* src = x + 32 * b;
+    float* dst = xp + 32 * b;
+    for (int t = 0; t < 4; ++t)
+      for (int w = 0; w < 4; ++w) {
+        dst[8 * t + w] = src[8 * w + 2 * t];
+        dst[8 * t + 4 + w] = src[8 * w + 2 * t + 1];
+      }
+  }
+}
+
+// R rows of x at once, R a compile-time constant so the accumulators live in registers.
+template <int R>
+__attribute__((target("avx2,fma"))) inline void q4_rows_block(
+    const Problem& p, int64_t n, int64_t m0) {
+  const uint32_t* wr = p.w + n * (p.K / 8);
+  const float* sr = p.scales + n * p.G;
+  const int blocks = p.group_size / 32;
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  __m256 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m256 a[R], b[R];
+    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
+    for (int blk = 0; blk < blocks; ++blk) {
+      const int64_t first = g * p.group_size + 32 * blk;
+      __m128i w4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + first / 8));
+      __m256i v = _mm256_set_m128i(_mm_srli_epi32(w4, 4), w4);
+      __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+      __m256 q1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8), mask));
+      __m256 q2 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 16), mask));
+      __m256 q3 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 24), mask));
+      for (int r = 0; r < R; ++r) {
+        const float* xr = p.xp + (m0 + r) * p.K + first;
+        a[r] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xr), a[r]);
+        b[r] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xr + 8), b[r]);
+        a[r] = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xr + 16), a[r]);
+        b[r] = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xr + 24), b[r]);
+      }
+    }
+    const __m256 scale = _mm256_set1_ps(sr[g]);
+    for (int r = 0; r < R; ++r)
+      total[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r], b[r]), scale, total[r]);
+  }
+  const float* br = p.biases + n * p.G;
+  for (int r = 0; r < R; ++r) {
+    const float* xs = p.xsum + (m0 + r) * p.G;
+    float bias_term = 0.0f;
+    for (int64_t g = 0; g < p.G; ++g) bias_term += br[g] * xs[g];
+    p.out[(m0 + r) * p.N + n] = hsum(total[r]) + bias_term;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void rows_avx2_q4(const Problem& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m0 = 0;
+    for (; m0 + 4 <= p.M; m0 += 4) q4_rows_block<4>(p, n, m0);
+    switch (p.M - m0) {
+      case 3: q4_rows_block<3>(p, n, m0); break;
+      case 2: q4_rows_block<2>(p, n, m0); break;
+      case 1: q4_rows_block<1>(p, n, m0); break;
+      default: break;
+    }
+  }
+}
+
 __attribute__((target("avx2,fma"))) void dequantize_avx2(
     const Problem& p, int64_t n0, int64_t n1) {
   const int64_t words_per_group = p.group_size * p.bits / 32;
@@ -203,7 +275,12 @@ bool has_avx2() {
 void rows(const Problem& p, int64_t n0, int64_t n1) {
 #ifdef EXO_X86
   if (has_avx2()) {
-    p.dequantize ? dequantize_avx2(p, n0, n1) : rows_avx2(p, n0, n1);
+    if (p.dequantize)
+      dequantize_avx2(p, n0, n1);
+    else if (p.bits == 4 && p.xp != nullptr)
+      rows_avx2_q4(p, n0, n1);
+    else
+      rows_avx2(p, n0, n1);
     return;
   }
 #endif
@@ -370,6 +447,14 @@ class QuantizedMatmulCPU : public mx::Primitive {
           xsum[m * p.G + g] = s;
         }
       p.xsum = xsum.data();
+      std::vector<float> xp;
+#ifdef EXO_X86
+      if (p.bits == 4 && has_avx2()) {
+        xp.resize(p.M * p.K);
+        permute_x(p.x, xp.data(), p.M * p.K);
+        p.xp = xp.data();
+      }
+#endif
       run(p);
     });
   }

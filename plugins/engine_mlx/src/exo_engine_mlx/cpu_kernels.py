@@ -12,15 +12,19 @@ EXO_CPU_KERNELS=auto (default) | off. EXO_DENSE=on still forces the dense fp32 p
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
 
-import exo_mlx_cpu_kernels as kernels
 import mlx.core as mx
 import mlx.nn as nn
 
-# From this many rows on, dequantize + BLAS beats the matrix-vector kernel.
+import exo_mlx_cpu_kernels as kernels
+from exo_engine_mlx.blas import loaded_blas
+
+# From this many rows on, dequantize + a fast BLAS beats the kernel (which reuses each
+# expanded weight group for up to 8 rows). Without a fast BLAS the kernel always wins.
 PREFILL_ROWS = 32
 
 _QUANTIZED = (
@@ -44,9 +48,8 @@ def kernels_requested(env: Mapping[str, str] | None = None) -> bool:
 
 
 def _supported(m: nn.Module) -> bool:
-    return (
-        m.get("biases") is not None
-        and kernels.supports(int(m.bits), int(m.group_size), str(getattr(m, "mode", "affine")))
+    return m.get("biases") is not None and kernels.supports(
+        int(m.bits), int(m.group_size), str(getattr(m, "mode", "affine"))
     )
 
 
@@ -60,10 +63,15 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
-    if rows >= PREFILL_ROWS:
+    if rows >= PREFILL_ROWS and _fast_blas():
         dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
         return x.astype(mx.float32) @ dense.T
     return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits)
+
+
+@functools.cache
+def _fast_blas() -> bool:
+    return loaded_blas() is not None
 
 
 def _with_bias(y: mx.array, m: nn.Module) -> mx.array:
