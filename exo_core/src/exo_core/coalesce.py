@@ -43,7 +43,7 @@ def _telemetry_is_news(known: NodeInfo | None, e: NodeTelemetry) -> bool:
     if known is None or e.timestamp - known.last_seen >= REFRESH_S:
         return True
     old, new = known.resources, e.resources
-    fixed = ("memory_total", "cpu_count", "disk_total", "os", "engines")
+    fixed = ("memory_total", "cpu_count", "disk_total", "os", "engines", "serves")
     return (
         (known.hostname, known.addresses) != (e.hostname, e.addresses)
         or any(getattr(old, f) != getattr(new, f) for f in fixed)

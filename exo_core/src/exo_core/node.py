@@ -104,6 +104,8 @@ from exo_core.wire import (
 from exo_core.worker import Worker
 
 TELEMETRY_INTERVAL_S = 5.0
+# How long a placement waits for a just-started node's first telemetry before placing anyway.
+REPORT_WAIT_S = 30.0
 NODE_TIMEOUT_S = 30.0
 CATCH_UP_INTERVAL_S = 1.0
 # Requests one peer may have this node answer at once; more are refused (the sender retries).
@@ -696,6 +698,29 @@ class Node:
                 ctx = MasterContext(card=self.card, place=self._place)
                 await master.commit(decide_node_timeout(self.state, node_id, ctx))
 
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        """The engines this node runs, as its telemetry reports them (none without a worker)."""
+        if self.worker is None:
+            return ()
+        return tuple(sorted({e.name for e in self.engines if e.name}))
+
+    def reported(self) -> bool:
+        """Whether state holds this node with its engines: placement reads them from there."""
+        known = self.state.nodes.get(self.node_id)
+        return not self.engine_names or (
+            known is not None and set(self.engine_names) <= set(known.resources.engines)
+        )
+
+    async def wait_reported(self, timeout: float = REPORT_WAIT_S) -> bool:
+        """Wait until `reported()`: a node that just started answers its API before its first
+        telemetry is in state, and placing then would find no node with its engines."""
+        with anyio.move_on_after(timeout):
+            while not self.reported():
+                await self.replica.wait_change()
+            return True
+        return False
+
     def servable(self) -> tuple[ModelId, ...]:
         """The known models that some local engine can serve (placement asks telemetry)."""
         return tuple(
@@ -730,13 +755,10 @@ class Node:
     # -- telemetry ----------------------------------------------------------------------------
 
     async def _telemetry_loop(self) -> None:
-        engines = tuple(sorted({e.name for e in self.engines if e.name}))
         addresses = local_addresses(self.config.listen_host)
         while True:
             serves = self.servable() if self.worker else ()
-            resources = gather_resources(
-                self.config.data_dir, engines if self.worker else (), serves
-            )
+            resources = gather_resources(self.config.data_dir, self.engine_names, serves)
             report = ReportEvents(
                 events=(
                     NodeTelemetry(

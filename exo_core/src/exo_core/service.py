@@ -113,6 +113,9 @@ class GenerationService:
                     f"model '{card.model_id}' has no running instance; "
                     "place one with POST /instance (auto-placement is off)"
                 )
+            # Placement reads which engines each node runs from state: wait for this node's
+            # first report rather than refuse a model its own engine serves.
+            await self._node.wait_reported()
             result = await self._node.send_command(PlaceInstance(model_id=card.model_id, card=card))
             if not result.ok or result.instance_id is None:
                 raise NoInstance(f"could not place '{card.model_id}': {result.message}")

@@ -164,6 +164,7 @@ class NativeController(Controller):
             min_nodes=data.min_nodes,
             card=node.card(data.model_id),
         )
+        await node.wait_reported()  # a node that just started: its engines first
         result = await node.send_command(command)
         if not result.ok or result.instance_id is None:
             return native_error(result.status, result.message)

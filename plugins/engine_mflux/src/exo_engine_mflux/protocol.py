@@ -1,32 +1,11 @@
-"""Messages between the worker (parent) and an image runner subprocess, as msgpack frames."""
+"""What an image runner subprocess is started with; the messages on its pipe are the core's
+(`exo_core.plugin.RunnerSubmit` and the others)."""
 
 from __future__ import annotations
 
 import msgspec
 
-from exo_core.plugin import Chunk, ImageRequest, RunnerSpec, RunnerStatus, TaskId
-
-
-class Submit(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    task_id: TaskId
-    request: ImageRequest
-
-
-class Cancel(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    task_id: TaskId
-
-
-class Shutdown(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    pass
-
-
-class StatusUpdate(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    status: RunnerStatus
-    error: str | None = None
-
-
-class ChunkOut(msgspec.Struct, frozen=True, kw_only=True, tag=True):
-    chunk: Chunk
+from exo_core.plugin import RunnerSpec
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):
@@ -35,10 +14,5 @@ class Launch(msgspec.Struct, frozen=True, kw_only=True):
     warmup: bool = True
 
 
-ToRunner = Submit | Cancel | Shutdown
-FromRunner = StatusUpdate | ChunkOut
-
 encode = msgspec.msgpack.Encoder().encode
-decode_to_runner = msgspec.msgpack.Decoder(ToRunner).decode
-decode_from_runner = msgspec.msgpack.Decoder(FromRunner).decode
 decode_launch = msgspec.msgpack.Decoder(Launch).decode

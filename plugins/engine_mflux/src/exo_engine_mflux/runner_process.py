@@ -11,84 +11,54 @@ import queue
 import random
 import sys
 import threading
-import traceback
 from multiprocessing.connection import Connection
 
 from exo_core.plugin import (
-    Chunk,
     ErrorChunk,
     FinishChunk,
     FinishReason,
     ImageChunk,
     ImageRequest,
     ProgressChunk,
+    RunnerCancel,
+    RunnerOutbox,
+    RunnerShutdown,
     RunnerStatus,
+    RunnerSubmit,
     TaskId,
-    Usage,
-)
-from exo_engine_mflux.protocol import (
-    Cancel,
-    ChunkOut,
-    FromRunner,
-    Launch,
-    Shutdown,
-    StatusUpdate,
-    Submit,
     ToRunner,
-    decode_launch,
-    decode_to_runner,
-    encode,
+    Usage,
+    report_load_failure,
+    run_runner_child,
+    start_request_reader,
 )
-
-
-class Outbox:
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-
-    def send(self, message: FromRunner) -> None:
-        with self._lock:
-            self._conn.send_bytes(encode(message))
-
-    def status(self, status: RunnerStatus, error: str | None = None) -> None:
-        self.send(StatusUpdate(status=status, error=error))
-
-    def chunk(self, chunk: Chunk) -> None:
-        self.send(ChunkOut(chunk=chunk))
+from exo_engine_mflux.protocol import Launch, decode_launch
 
 
 class Inbox:
     """Requests in arrival order, and the set of cancelled task ids (read between steps)."""
 
     def __init__(self) -> None:
-        self.queue: queue.Queue[Submit | Shutdown] = queue.Queue()
+        self.queue: queue.Queue[RunnerSubmit | RunnerShutdown] = queue.Queue()
         self.cancelled: set[TaskId] = set()
         self.stopping = threading.Event()
 
     def put(self, message: ToRunner) -> None:
         match message:
-            case Cancel(task_id=task_id):
+            case RunnerCancel(task_id=task_id):
                 self.cancelled.add(task_id)
-            case Shutdown():
+            case RunnerShutdown():
                 self.stopping.set()
                 self.queue.put(message)
-            case Submit():
+            case RunnerSubmit():
                 self.queue.put(message)
 
     def should_stop(self, task_id: TaskId) -> bool:
         return self.stopping.is_set() or task_id in self.cancelled
 
 
-def _reader(conn: Connection, inbox: Inbox) -> None:
-    try:
-        while True:
-            inbox.put(decode_to_runner(conn.recv_bytes()))
-    except (EOFError, OSError):
-        inbox.put(Shutdown())
-
-
 def run_request(
-    loaded: object, task_id: TaskId, request: ImageRequest, inbox: Inbox, out: Outbox
+    loaded: object, task_id: TaskId, request: ImageRequest, inbox: Inbox, out: RunnerOutbox
 ) -> None:
     """Generate every image of one request, streaming progress and images; end the stream."""
     from exo_engine_mflux import pipeline
@@ -185,9 +155,9 @@ def _warm_up(loaded: object) -> None:
 
 
 def serve(conn: Connection, launch: Launch) -> int:
-    out = Outbox(conn)
+    out = RunnerOutbox(conn)
     inbox = Inbox()
-    threading.Thread(target=_reader, args=(conn, inbox), daemon=True).start()
+    start_request_reader(conn, inbox.put)
     spec = launch.spec
     try:
         from pathlib import Path
@@ -200,25 +170,25 @@ def serve(conn: Connection, launch: Launch) -> int:
             out.status(RunnerStatus.WARMING_UP)
             _warm_up(loaded)
     except Exception as e:
-        detail = "".join(traceback.format_exception(e)[-2:])
-        out.status(RunnerStatus.FAILED, f"loading failed: {e}\n{detail}")
+        report_load_failure(out, e)
         return 1
     out.status(RunnerStatus.READY)
     while True:
         message = inbox.queue.get()
-        if isinstance(message, Shutdown):
+        if isinstance(message, RunnerShutdown):
             return 0
         if message.task_id in inbox.cancelled:  # cancelled while it waited its turn
             inbox.cancelled.discard(message.task_id)
             out.chunk(FinishChunk(task_id=message.task_id, finish_reason=FinishReason.CANCELLED))
             continue
-        run_request(loaded, message.task_id, message.request, inbox, out)
+        if message.image is None:  # `ImageRunner.generate` refuses text tasks before this
+            out.chunk(ErrorChunk(task_id=message.task_id, message="not an image request"))
+            continue
+        run_request(loaded, message.task_id, message.image, inbox, out)
         if inbox.stopping.is_set():
             return 0
 
 
 def main(conn: Connection, launch_bytes: bytes) -> None:
     """The subprocess entry point (started with the `spawn` method)."""
-    code = serve(conn, decode_launch(launch_bytes))
-    conn.close()
-    sys.exit(code)
+    run_runner_child(conn, lambda: serve(conn, decode_launch(launch_bytes)))

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import queue
-import sys
-import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -23,61 +21,40 @@ from loguru import logger
 
 from exo_core.plugin import (
     ChatMessage,
-    Chunk,
     ErrorChunk,
     GenerationParams,
+    RunnerCancel,
+    RunnerOutbox,
+    RunnerShutdown,
     RunnerSpec,
     RunnerStatus,
+    RunnerSubmit,
     SamplingParams,
     TaskId,
-    public_message,
-)
-from exo_engine_mlx.protocol import (
-    Cancel,
-    ChunkOut,
-    FromRunner,
-    Launch,
-    RunnerOptions,
-    Shutdown,
-    StatusUpdate,
-    Submit,
     ToRunner,
-    decode_launch,
-    decode_to_runner,
-    encode,
+    public_message,
+    report_load_failure,
+    run_runner_child,
+    start_request_reader,
 )
+from exo_engine_mlx.protocol import Launch, RunnerOptions, decode_launch
 
 
-class Outbox:
-    """Frames to the parent; the watchdog thread sends too, so sends are serialized."""
+def _start_reader(
+    conn: Connection, inbox: queue.Queue[ToRunner], in_group: bool, rank: int
+) -> None:
+    def deliver(message: ToRunner) -> None:
+        inbox.put(message)
+        # A follower may sit in a collective for a while: leave at once when told to.
+        if isinstance(message, RunnerShutdown) and in_group and rank != 0:
+            os._exit(0)
 
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-
-    def send(self, message: FromRunner) -> None:
-        with self._lock:
-            self._conn.send_bytes(encode(message))
-
-    def status(self, status: RunnerStatus, error: str | None = None) -> None:
-        self.send(StatusUpdate(status=status, error=error))
-
-    def chunk(self, chunk: Chunk) -> None:
-        self.send(ChunkOut(chunk=chunk))
-
-
-def _reader(conn: Connection, inbox: queue.Queue[ToRunner], in_group: bool, rank: int) -> None:
-    try:
-        while True:
-            message = decode_to_runner(conn.recv_bytes())
-            inbox.put(message)
-            # A follower may sit in a collective for a while: leave at once when told to.
-            if isinstance(message, Shutdown) and in_group and rank != 0:
-                os._exit(0)
-    except (EOFError, OSError):
+    def closed() -> None:
         if in_group:
             os._exit(0)  # the parent is gone; a collective may block the main thread
-        inbox.put(Shutdown())
+        inbox.put(RunnerShutdown())
+
+    start_request_reader(conn, deliver, closed)
 
 
 def _warm_up(engine: Any) -> None:
@@ -106,7 +83,7 @@ def _prefix_budget(spec: RunnerSpec, options: RunnerOptions) -> int:
     return options.prefix_cache_bytes // n_layers * (shard.end_layer - shard.start_layer)
 
 
-def _load(launch: Launch, out: Outbox, guard: Callable[[str, float], Any]) -> tuple[Any, Any]:
+def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any]) -> tuple[Any, Any]:
     """Join the group when there is one, then load this runner's part of the model."""
     from exo_engine_mlx.loading import ShardPlan, load_model
 
@@ -146,19 +123,16 @@ def serve(conn: Connection, launch: Launch) -> int:
     from exo_engine_mlx.distributed.watchdog import Watchdog
     from exo_engine_mlx.prefix_cache import PrefixCache
 
-    out = Outbox(conn)
+    out = RunnerOutbox(conn)
     spec, options = launch.spec, launch.options
     in_group = spec.shard.world_size > 1
     watchdog = Watchdog(lambda message: out.status(RunnerStatus.FAILED, f"runner group: {message}"))
     inbox: queue.Queue[ToRunner] = queue.Queue()
-    threading.Thread(
-        target=_reader, args=(conn, inbox, in_group, spec.shard.rank), daemon=True
-    ).start()
+    _start_reader(conn, inbox, in_group, spec.shard.rank)
     try:
         (model, tokenizer), group = _load(launch, out, watchdog.guard)
     except Exception as e:
-        logger.opt(exception=e).error("loading the model failed")
-        out.status(RunnerStatus.FAILED, f"loading failed: {public_message(e)}")
+        report_load_failure(out, e)
         return 1
     budget = _prefix_budget(spec, options)
     engine = BatchEngine(
@@ -203,7 +177,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         return 1
 
 
-def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: Outbox) -> int:
+def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: RunnerOutbox) -> int:
     while True:
         # Idle: block for the next request. Busy: take what has arrived, then step.
         messages = [inbox.get()] if not engine.active else []
@@ -214,13 +188,13 @@ def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: Outbox) -> int:
                 break
         for message in messages:
             match message:
-                case Submit(task_id=task_id, params=params):
+                case RunnerSubmit(task_id=task_id, params=params):
                     for chunk in engine.submit(task_id, params):
                         out.chunk(chunk)
-                case Cancel(task_id=task_id):
+                case RunnerCancel(task_id=task_id):
                     for chunk in engine.cancel(task_id):
                         out.chunk(chunk)
-                case Shutdown():
+                case RunnerShutdown():
                     return 0
         for chunk in engine.step():
             out.chunk(chunk)
@@ -228,9 +202,4 @@ def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: Outbox) -> int:
 
 def main(conn: Connection, launch_bytes: bytes) -> None:
     """The subprocess entry point (started with the `spawn` method)."""
-    # Tracebacks without the values of local variables (which hold prompts).
-    logger.remove()
-    logger.add(sys.stderr, level="INFO", diagnose=False)
-    code = serve(conn, decode_launch(launch_bytes))
-    conn.close()
-    sys.exit(code)
+    run_runner_child(conn, lambda: serve(conn, decode_launch(launch_bytes)))

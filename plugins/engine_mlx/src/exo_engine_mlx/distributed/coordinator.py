@@ -28,12 +28,15 @@ from exo_core.plugin import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    RunnerCancel,
+    RunnerShutdown,
+    RunnerSubmit,
     TaskId,
+    ToRunner,
 )
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.distributed.plan import Join, StepPlan, share_plan
 from exo_engine_mlx.distributed.watchdog import Watchdog
-from exo_engine_mlx.protocol import Cancel, Shutdown, Submit, ToRunner
 
 # Finals a follower keeps for tasks its worker has not submitted yet.
 MAX_REMEMBERED_FINALS = 1024
@@ -117,13 +120,13 @@ class GroupLoop:
             stop = False
             for message in messages:
                 match message:
-                    case Submit(task_id=task_id, params=params):
+                    case RunnerSubmit(task_id=task_id, params=params):
                         joins.append(Join(task_id=task_id, params=with_seed(params)))
-                    case Cancel(task_id=task_id):
+                    case RunnerCancel(task_id=task_id):
                         known = set(self.engine.task_ids()) | {j.task_id for j in joins}
                         if task_id in known:
                             cancels.append(task_id)
-                    case Shutdown():
+                    case RunnerShutdown():
                         stop = True
             plan = StepPlan(
                 joins=tuple(joins),
@@ -146,11 +149,11 @@ class GroupLoop:
         while True:
             for message in self._drain(block=False):
                 match message:
-                    case Submit(task_id=task_id):
+                    case RunnerSubmit(task_id=task_id):
                         self._worker_waits(task_id)
-                    case Cancel(task_id=task_id):
+                    case RunnerCancel(task_id=task_id):
                         self._worker_cancels(task_id)
-                    case Shutdown():
+                    case RunnerShutdown():
                         return 0
             with self.watchdog.guard(
                 "waiting for rank 0 of the runner group", self.heartbeat_s + self.step_timeout_s
