@@ -17,7 +17,7 @@ from exo_core.events import (
     NodeTelemetry,
     TopologyReported,
 )
-from exo_core.ids import ModelId, NodeId
+from exo_core.ids import ModelId, NodeId, RunnerId
 from exo_core.reducer import apply
 from exo_core.state import DownloadProgress, DownloadStatus, NodeResources, State
 from exo_core.testing.harness import running_node
@@ -63,6 +63,14 @@ def test_what_changes_decisions_is_logged_at_once() -> None:
     assert news(state, [telemetry(5.0, 20 * GB)]), "a drop of free memory is news"
     assert not news(state, [TopologyReported(node_id=NODE, peers=())])
     assert news(state, [TopologyReported(node_id=NODE, peers=(NodeId("n2"),))])
+    # A runner process that starts is news (exo ps shows its memory); its jitter is not.
+    loaded = telemetry(10.0, 32 * GB)
+    loaded.resources.runner_memory[RunnerId("r")] = 2 * GB
+    assert news(state, [loaded])
+    state = after(state, loaded)
+    jitter = telemetry(15.0, 32 * GB)
+    jitter.resources.runner_memory[RunnerId("r")] = 2 * GB + 10_000_000
+    assert not news(state, [jitter])
 
     def progress(done: int, status: DownloadStatus = DownloadStatus.ONGOING) -> DownloadProgressed:
         return DownloadProgressed(

@@ -17,11 +17,12 @@ from exo_core.decide import (
     ring_host,
     ring_ports,
 )
-from exo_core.events import InstanceCreated
+from exo_core.events import IndexedEvent, InstanceCreated, ModelCardAdded
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.model_cards import ModelCard
 from exo_core.placement import place, replacement_options, split_layers
 from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.reducer import apply
 from exo_core.state import (
     DownloadProgress,
     DownloadStatus,
@@ -177,14 +178,21 @@ def test_only_nodes_whose_engines_serve_the_card_are_used() -> None:
 
 
 def test_a_master_without_the_card_places_with_the_card_the_request_carries() -> None:
-    nodes = state(serving("a", 8, ("smollm",)))
+    nodes = state(serving("a", 8, ("smollm",)), serving("b", 16, ()))
     ctx = MasterContext(card=lambda m: None, place=place)
     with pytest.raises(CommandRefused, match="unknown model"):
         decide(nodes, PlaceInstance(model_id=SMOLLM.model_id), ctx)
+    with pytest.raises(CommandRefused, match="the card is for"):
+        decide(nodes, PlaceInstance(model_id=ModelId("other"), card=SMOLLM), ctx)
     decision = decide(nodes, PlaceInstance(model_id=SMOLLM.model_id, card=SMOLLM), ctx)
-    (created,) = decision.events
+    # The card is replicated, so every node (and a later master) knows the model...
+    shared, created = decision.events
+    assert shared == ModelCardAdded(card=SMOLLM)
     assert isinstance(created, InstanceCreated)
     assert [s.node_id for s in created.instance.shards] == ["a"]
+    # ...and, not being a custom card, it still goes only to nodes that report serving it.
+    after = apply(nodes, IndexedEvent(index=0, term=0, event=shared))
+    assert {tuple(nodes_of(o)) for o in place(SMOLLM, request(), after)} == {("a",)}
 
 
 # -- tensor divisibility ----------------------------------------------------------------------

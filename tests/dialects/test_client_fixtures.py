@@ -1,5 +1,9 @@
 """Replays the request shapes of the clients exo users run (fixtures/clients/*.json) against a
-real node, and checks what each client is known to need from the answer."""
+real node, and checks what each client is known to need from the answer.
+
+The `*_python.json` fixtures are captured from the official Python clients by
+`scripts/capture_client_fixtures.py` (run it again after upgrading a client); the others are
+written by hand, their clients being out of reach here (each says so in its `source`)."""
 
 from __future__ import annotations
 

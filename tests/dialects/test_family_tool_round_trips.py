@@ -32,7 +32,12 @@ from exo_core.testing.harness import running_node
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.prompt import encode, render
 from exo_engine_mlx.testing import ScriptedOutput
-from exo_engine_mlx.tiny_model import make_tiny_model
+from exo_engine_mlx.tiny_model import (
+    HARMONY_EOS,
+    HARMONY_SPECIALS,
+    HARMONY_TEMPLATE,
+    make_tiny_model,
+)
 
 from .support import DIALECTS
 
@@ -49,6 +54,11 @@ class Family:
     specials: tuple[str, ...]
     marker: str
     call: Callable[[str, dict[str, Any]], str]
+    # The final answer as the family writes it (Harmony puts it on the final channel).
+    answer: Callable[[str], str] = lambda text: text
+    model_type: str = "llama"
+    template: str | None = None  # None: the common template, marked with `marker`
+    eos: tuple[str, ...] = ("<|im_end|>",)
 
 
 DSML = "｜DSML｜"
@@ -92,22 +102,38 @@ FAMILIES = [
             + f"</{DSML}invoke>\n</{DSML}function_calls>"
         ),
     ),
+    # gpt-oss on a tiny gpt_oss model: the call ends at <|call|>, an end-of-sequence token.
+    Family(
+        "harmony",
+        HARMONY_SPECIALS,
+        "",
+        lambda name, args: (
+            "<|channel|>analysis<|message|>The user wants weather.<|end|>"
+            f"<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json"
+            f"<|message|>{json.dumps(args)}<|call|>"
+        ),
+        answer=lambda text: f"<|channel|>final<|message|>{text}<|return|>",
+        model_type="gpt_oss",
+        template=HARMONY_TEMPLATE,
+        eos=HARMONY_EOS,
+    ),
 ]
 
 
 def _answer(family: Family, params: GenerationParams) -> str:
     """The scripted model: a call to the first tool, or the answer once a tool has replied."""
-    if params.messages[-1].role == "tool":
-        return ANSWER
+    if params.messages[-1].role == "tool" or not params.tools:
+        return family.answer(ANSWER)
     return family.call(params.tools[0].name, {"city": "Paris"})
 
 
 class FamilyRunner(Runner):
     """The engine's batch engine in process, one request at a time, on a scripted model."""
 
-    def __init__(self, family: Family, path: str) -> None:
+    def __init__(self, family: Family, path: str, prompts: list[str]) -> None:
         self.family = family
         self.path = path
+        self.prompts = prompts
         self._stop = anyio.Event()
 
     async def serve(self, report: StatusReporter) -> None:
@@ -121,7 +147,9 @@ class FamilyRunner(Runner):
     async def generate(self, task: Task) -> AsyncIterator[Chunk]:
         params, tokenizer = task.params, self.tokenizer
         script = tokenizer.encode(_answer(self.family, params), add_special_tokens=False)
-        prompt = encode(tokenizer, params, render(tokenizer, params))
+        rendered = render(tokenizer, params)
+        self.prompts.append(rendered)
+        prompt = encode(tokenizer, params, rendered)
         self.model.expect(len(prompt), [*script, *sorted(tokenizer.eos_token_ids)])
         pending = self.engine.submit(task.task_id, params)
         while True:
@@ -144,6 +172,7 @@ class FamilyEngine(Engine):
 
     def __init__(self, paths: dict[str, Path]) -> None:
         self.paths = paths
+        self.prompts: list[str] = []  # every rendered prompt, for the tests to read
 
     def can_serve(self, card: ModelCard) -> bool:
         return card.source.startswith("family:")
@@ -153,7 +182,7 @@ class FamilyEngine(Engine):
 
     def create_runner(self, spec: RunnerSpec) -> Runner:
         family = next(f for f in FAMILIES if spec.card.source == f"family:{f.name}")
-        return FamilyRunner(family, spec.model_path)
+        return FamilyRunner(family, spec.model_path, self.prompts)
 
 
 class FamilyPlugin:
@@ -182,18 +211,25 @@ class FamilyPlugin:
 
 
 @pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, FamilyEngine]]:
     paths = {}
     for family in FAMILIES:
         paths[family.name] = make_tiny_model(
             tmp_path_factory.mktemp(family.name) / "model",
+            model_type=family.model_type,
             special_tokens=family.specials,
-            chat_template=f"{{# {family.marker} #}}{BASE}",
+            chat_template=family.template or f"{{# {family.marker} #}}{BASE}",
             corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER],
+            eos_tokens=family.eos,
         )
     plugin = FamilyPlugin(paths)
     with running_node(tmp_path_factory.mktemp("node"), [plugin, *DIALECTS]) as node:
-        yield node.url
+        yield node.url, plugin.engine
+
+
+@pytest.fixture(scope="module")
+def url(node: tuple[str, FamilyEngine]) -> str:
+    return node[0]
 
 
 WEATHER = {
@@ -304,3 +340,25 @@ def test_ollama_round_trip(url: str, family: str) -> None:
     ]
     final = client.chat(model=model, messages=messages, tools=tools, stream=False)
     assert final.message.content == ANSWER
+
+
+def test_reasoning_effort_reaches_the_harmony_system_message(
+    node: tuple[str, FamilyEngine],
+) -> None:
+    url, engine = node
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    ask: Any = [{"role": "user", "content": ASK}]
+    chat = client.chat.completions.create(
+        model="family-harmony", messages=ask, reasoning_effort="high"
+    )
+    assert chat.choices[0].message.content == ANSWER
+    assert "Reasoning: high" in engine.prompts[-1]
+    reply = client.responses.create(model="family-harmony", input=ASK, reasoning={"effort": "low"})
+    assert reply.output_text == ANSWER
+    assert "Reasoning: low" in engine.prompts[-1]
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(
+            model="family-harmony",
+            messages=ask,
+            reasoning_effort="extreme",  # type: ignore[arg-type]
+        )

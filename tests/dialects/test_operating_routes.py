@@ -1,10 +1,11 @@
-"""Operating routes on a real node (scripted engine): `/metrics` during traffic, and
-`POST /v1/cancel/{id}` from a second connection."""
+"""Operating routes on a real node (scripted engine): `/metrics` during traffic and its
+counters, and `POST /v1/cancel/{id}` from a second connection."""
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,8 +13,13 @@ import openai
 from prometheus_client.parser import text_string_to_metric_families
 
 from exo_api_openai.chat import ChatStream
+from exo_core.events import DownloadProgressed, IndexedEvent, RunnerStatusChanged
 from exo_core.generation import KeepAliveChunk
-from exo_core.ids import TaskId
+from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
+from exo_core.metrics import LogCounters
+from exo_core.state import DownloadProgress, DownloadStatus, RunnerInfo, RunnerStatus, State
+from exo_core.testing.harness import running_node
+from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
 from .support import Cluster, wait_for
 
@@ -33,6 +39,46 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def total(samples: dict[tuple[str, Any], float], name: str, **labels: str) -> float:
     wanted = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
+
+
+def test_runner_failures_and_restarts_are_counted(tmp_path: Path) -> None:
+    """A runner that fails to load is restarted (after a back-off): both are monotonic
+    counters, beside the gauge of failures in a row; a one-node cluster won its campaign."""
+    with running_node(tmp_path, [ScriptedEnginePlugin(fail_load=True)], dialects=False) as node:
+        placed = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}, timeout=10)
+        assert placed.status_code == 201, placed.text
+        restarted = lambda: total(scrape(node.url), "exo_runner_restarts_total") >= 1  # noqa: E731
+        assert wait_for(restarted, timeout=60)
+        after = scrape(node.url)
+    assert total(after, "exo_runner_failures_total", model="scripted-echo") >= 1
+    assert total(after, "exo_runner_restarts_total", model="scripted-echo") >= 1
+    assert total(after, "exo_election_campaigns_total", outcome="won") >= 1
+    assert total(after, "exo_elections_total") >= 1
+
+
+def test_log_counters_count_transitions_only() -> None:
+    counters = LogCounters()
+    node, model = NodeId("node-a"), ModelId("m")
+
+    def runner(status: RunnerStatus) -> IndexedEvent:
+        info = RunnerInfo(
+            runner_id=RunnerId("r"), instance_id=InstanceId("i"), node_id=node, status=status
+        )
+        return IndexedEvent(index=0, term=1, event=RunnerStatusChanged(runner=info))
+
+    def download(status: DownloadStatus) -> IndexedEvent:
+        progress = DownloadProgress(node_id=node, model_id=model, status=status)
+        return IndexedEvent(index=0, term=1, event=DownloadProgressed(progress=progress))
+
+    statuses = ["loading", "failed", "failed", "loading", "ready", "failed", "stopped"]
+    for status in statuses:
+        counters.observe(runner(RunnerStatus(status)), State())
+    for status in ["ongoing", "failed", "failed", "ongoing", "failed"]:
+        counters.observe(download(DownloadStatus(status)), State())
+    assert counters.runner_failures == {(node, ""): 2}
+    assert counters.runner_restarts == {(node, ""): 1}
+    assert counters.download_failures == {(node, "m"): 2}
+    assert not any(f.samples for f in counters.families({NodeId("elsewhere")}))
 
 
 def test_metrics_count_requests_tokens_and_latency(cluster: Cluster, oai: openai.OpenAI) -> None:

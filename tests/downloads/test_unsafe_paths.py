@@ -37,13 +37,18 @@ UNSAFE = [
 ]
 
 
+NODE_OWNED = {"events.log", "snapshot.bin", "vote.json"}
+
+
 def snapshot(root: Path) -> dict[str, str]:
-    """Every file under `root` with its hash, but the event logs (nodes keep appending
-    telemetry to them: `logs_keep_prefix` checks that nothing there changes)."""
+    """Every file under `root` with its hash, but the files a node rewrites on its own: the
+    event logs (telemetry keeps appending: `logs_keep_prefix` checks that nothing there
+    changes), the state snapshot and the election's vote."""
     out: dict[str, str] = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
-        if p.is_file() and p.name != "events.log" and "logs" not in rel.parts:
+        owned = p.name in NODE_OWNED or p.name.lstrip(".").partition(".tmp-")[0] in NODE_OWNED
+        if p.is_file() and not owned and "logs" not in rel.parts:
             out[str(rel)] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
 

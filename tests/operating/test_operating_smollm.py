@@ -154,13 +154,16 @@ def test_cancel_from_another_connection(nodes: list[ExoProcess]) -> None:
         stream=True,
     )
     first = next(iter(stream))
-    assert httpx.post(f"{nodes[1].url}/v1/cancel/{first.id}", timeout=10).status_code == 404
-    cancelled = httpx.post(f"{nodes[0].url}/v1/cancel/{first.id}", timeout=10)
-    assert cancelled.status_code == 200
+    assert httpx.post(f"{nodes[1].url}/v1/cancel/nope", timeout=10).status_code == 404
+    # The other node, not the one streaming, cancels it by the id the response carries.
+    cancelled = httpx.post(f"{nodes[1].url}/v1/cancel/{first.id}", timeout=10)
+    assert cancelled.status_code == 200, cancelled.text
     with pytest.raises(openai.APIError):
         for _ in stream:
             pass
-    wait_until(lambda: not nodes[0].state()["tasks"], timeout=10)
+    wait_until(lambda: not nodes[0].state()["tasks"] and not nodes[1].state()["tasks"], timeout=10)
+    gone = httpx.post(f"{nodes[0].url}/v1/cancel/{first.id}", timeout=10)
+    assert gone.status_code == 404
 
 
 def test_claude_code_turns_reuse_the_prefix_cache(nodes: list[ExoProcess]) -> None:

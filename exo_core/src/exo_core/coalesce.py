@@ -12,6 +12,7 @@ that were logged.
 from __future__ import annotations
 
 from exo_core.events import DownloadProgressed, Event, NodeTelemetry, TopologyReported
+from exo_core.ids import RunnerId
 from exo_core.state import DownloadProgress, NodeInfo, State
 
 REFRESH_S = 60.0
@@ -49,7 +50,15 @@ def _telemetry_is_news(known: NodeInfo | None, e: NodeTelemetry) -> bool:
         or any(getattr(old, f) != getattr(new, f) for f in fixed)
         or _moved(old.memory_available, new.memory_available, new.memory_total)
         or _moved(old.disk_available, new.disk_available, new.disk_total)
+        or _runner_memory_is_news(old.runner_memory, new.runner_memory, new.memory_total)
     )
+
+
+def _runner_memory_is_news(old: dict[RunnerId, int], new: dict[RunnerId, int], total: int) -> bool:
+    """A runner process came or went, or one's memory moved by a step (`exo ps` shows it)."""
+    if old.keys() != new.keys():
+        return True
+    return any(_moved(old[r], new[r], total) for r in new)
 
 
 def _progress_is_news(known: DownloadProgress | None, p: DownloadProgress) -> bool:

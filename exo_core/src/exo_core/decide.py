@@ -147,7 +147,9 @@ def _unsafe_id(command: Command) -> str | None:
     Model ids become directory names on every node (a `DeleteDownload` removes one), so the
     master refuses unsafe ones from any API node or peer; nodes check again before acting."""
     match command:
-        case PlaceInstance(model_id=model_id) | DeleteDownload(model_id=model_id):
+        case PlaceInstance(model_id=model_id, card=card):
+            names = [model_id, *(_card_names(card) if card is not None else [])]
+        case DeleteDownload(model_id=model_id):
             names = [model_id]
         case RemoveModelCard(model_id=model_id):
             names = [model_id]
@@ -188,9 +190,14 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
         raise CommandRefused(422, problem)
     match command:
         case PlaceInstance():
-            card = ctx.card(command.model_id) or command.card
+            known = ctx.card(command.model_id)
+            card = known or command.card
             if card is None:
                 raise CommandRefused(404, f"unknown model '{command.model_id}'")
+            if card.model_id != command.model_id:
+                raise CommandRefused(
+                    422, f"the card is for '{card.model_id}', not '{command.model_id}'"
+                )
             if command.instance_id in state.instances:
                 raise CommandRefused(409, f"instance '{command.instance_id}' already exists")
             request = PlacementRequest(
@@ -202,7 +209,12 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
                 raise CommandRefused(409, f"cannot place {command.model_id}: {e}") from e
             instance_id = command.instance_id or InstanceId(new_id("inst"))
             instance = build_instance(state, options[0], instance_id)
-            return Decision([InstanceCreated(instance=instance)], instance_id)
+            created = InstanceCreated(instance=instance)
+            if known is None:
+                # A card from a plugin the master lacks: replicated, so every node (and any
+                # later master, replacing the instance after a node loss) knows the model.
+                return Decision([ModelCardAdded(card=card), created], instance_id)
+            return Decision([created], instance_id)
         case DeleteInstance():
             if command.instance_id not in state.instances:
                 raise CommandRefused(404, f"unknown instance '{command.instance_id}'")

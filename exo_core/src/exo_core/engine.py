@@ -58,10 +58,19 @@ class Runner(abc.ABC):
     async def stop(self) -> None:
         """End the runner and free everything it holds."""
 
+    @property
+    def pid(self) -> int | None:
+        """The runner's own process, when it runs in one: telemetry reports its memory."""
+        return None
+
 
 class Engine(abc.ABC):
     #: A short name, reported in node telemetry as an available backend (e.g. "mlx").
     name: str = ""
+    #: False when this engine's models need no files fetched (weights built in, nothing to
+    #: load): the worker then never asks the downloader for its cards, and a runner's
+    #: `model_path` is what `prepare_model` returns, else the node's models directory.
+    needs_download: bool = True
 
     @abc.abstractmethod
     def can_serve(self, card: ModelCard) -> bool:
@@ -69,7 +78,8 @@ class Engine(abc.ABC):
 
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         """Produce the model's files itself when the card's source is the engine's own (e.g.
-        weights shipped in a package). Return None to let the downloader fetch them."""
+        weights shipped in a package). Return None to let the downloader fetch them (unless
+        `needs_download` is False)."""
         return None
 
     def sharding_refusal(self, card: ModelCard, sharding: Sharding, ranks: int) -> str | None:

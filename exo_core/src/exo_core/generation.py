@@ -78,6 +78,9 @@ class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
     logprobs: bool = False
     top_logprobs: int = 0
     enable_thinking: bool | None = None
+    # How hard a reasoning model thinks ("low", "medium", "high"), for templates that take it
+    # (gpt-oss writes it into its Harmony system message); None leaves the model's default.
+    reasoning_effort: str | None = None
     # Count the prompt's tokens (chat template and tools included) and generate nothing: the
     # engine answers one `FinishChunk` whose usage has `prompt_tokens` (exact count_tokens).
     count_only: bool = False

@@ -4,7 +4,9 @@ Each node has its own registry (tests run several nodes in one process). Two kin
 
 - counted as they happen: HTTP requests (an ASGI middleware, so every dialect's routes count),
   generations with their tokens, time to first token and time per output token (observed where
-  the API node streams a generation), command round trips to the master, elections;
+  the API node streams a generation), command round trips to the master, this node's election
+  campaigns; and, counted from the replicated log as it is applied (`LogCounters`), terms
+  begun, runner failures and restarts, and download failures;
 - read from the replicated state at scrape time (`StateCollector`): runners, tasks, instances,
   downloads, the event log, peers, and node resources. A node reports itself; the master also
   reports every node of the cluster, so scraping the master alone shows the whole cluster.
@@ -28,20 +30,26 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from exo_core.events import IndexedEvent, MasterElected
+from exo_core.events import DownloadProgressed, IndexedEvent, MasterElected, RunnerStatusChanged
 from exo_core.generation import FinishReason, Usage
-from exo_core.ids import NodeId
-from exo_core.state import State
+from exo_core.ids import ModelId, NodeId, RunnerId
+from exo_core.state import DownloadStatus, RunnerStatus, State
 
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
     from exo_core.node import Node
 
-__all__ = ["CONTENT_TYPE_LATEST", "NodeMetrics", "StateCollector", "metrics_middleware"]
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "LogCounters",
+    "NodeMetrics",
+    "StateCollector",
+    "metrics_middleware",
+]
 
 # Latencies of a token: from under a millisecond (tiny models) to seconds (huge ones on a CPU).
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -115,15 +123,25 @@ class NodeMetrics:
             registry=r,
         )
         self.elections = Counter(
-            "exo_elections", "Masters elected, as seen in the replicated log.", registry=r
+            "exo_elections",
+            "Terms begun (masters elected), as seen in the replicated log.",
+            registry=r,
         )
+        self.campaigns = Counter(
+            "exo_election_campaigns",
+            "Times this node ran for master, by outcome (won: it became master of a term).",
+            ["outcome"],
+            registry=r,
+        )
+        self.log_counters = LogCounters()
         ProcessCollector(registry=r)
-        r.register(StateCollector(node))
+        r.register(StateCollector(node, self.log_counters))
         node.replica.listen(self._observe)
 
     def _observe(self, event: IndexedEvent, state: State) -> None:
         if isinstance(event.event, MasterElected):
             self.elections.inc()
+        self.log_counters.observe(event, state)
 
     def observe_generation(
         self,
@@ -151,11 +169,76 @@ class NodeMetrics:
         return generate_latest(self.registry)
 
 
+_NOT_RESTARTED = (RunnerStatus.FAILED, RunnerStatus.STOPPED)
+
+
+class LogCounters:
+    """Counters of what the replicated log says happened, by node and model: runners that
+    failed, runners restarted after a failure, downloads that failed. Each counts transitions
+    (a status repeated in a later event is not counted again), so the figures only grow."""
+
+    def __init__(self) -> None:
+        self.runner_failures: dict[tuple[NodeId, str], int] = {}
+        self.runner_restarts: dict[tuple[NodeId, str], int] = {}
+        self.download_failures: dict[tuple[NodeId, str], int] = {}
+        self._runner_status: dict[RunnerId, RunnerStatus] = {}
+        self._download_status: dict[tuple[NodeId, ModelId], DownloadStatus] = {}
+
+    def observe(self, event: IndexedEvent, state: State) -> None:
+        match event.event:
+            case RunnerStatusChanged(runner=runner):
+                before = self._runner_status.get(runner.runner_id)
+                self._runner_status[runner.runner_id] = runner.status
+                instance = state.instances.get(runner.instance_id)
+                key = (runner.node_id, str(instance.model_id) if instance else "")
+                if runner.status == RunnerStatus.FAILED and before != RunnerStatus.FAILED:
+                    _bump(self.runner_failures, key)
+                elif before == RunnerStatus.FAILED and runner.status not in _NOT_RESTARTED:
+                    _bump(self.runner_restarts, key)
+            case DownloadProgressed(progress=progress):
+                where = (progress.node_id, progress.model_id)
+                before = self._download_status.get(where)
+                self._download_status[where] = progress.status
+                if progress.status == DownloadStatus.FAILED and before != DownloadStatus.FAILED:
+                    _bump(self.download_failures, (progress.node_id, str(progress.model_id)))
+            case _:
+                pass
+
+    def families(self, nodes: set[NodeId]) -> Iterator[CounterMetricFamily]:
+        """The counters of `nodes` (this node, or every node on the master)."""
+        labels = ["node", "model"]
+        runner_failures = CounterMetricFamily(
+            "exo_runner_failures", "Runners that failed, by node and model.", labels=labels
+        )
+        restarts = CounterMetricFamily(
+            "exo_runner_restarts",
+            "Runners started again after a failure, by node and model.",
+            labels=labels,
+        )
+        download_failures = CounterMetricFamily(
+            "exo_download_failures", "Model downloads that failed, by node.", labels=labels
+        )
+        for family, counts in (
+            (runner_failures, self.runner_failures),
+            (restarts, self.runner_restarts),
+            (download_failures, self.download_failures),
+        ):
+            for (node_id, model), n in sorted(counts.items()):
+                if node_id in nodes:
+                    family.add_metric([node_id, model], float(n))
+            yield family
+
+
+def _bump(counts: dict[tuple[NodeId, str], int], key: tuple[NodeId, str]) -> None:
+    counts[key] = counts.get(key, 0) + 1
+
+
 class StateCollector(Collector):
     """Figures read from the replicated state (and the transport) at each scrape."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: Node, log_counters: LogCounters) -> None:
         self._node = node
+        self._log_counters = log_counters
 
     def collect(self) -> Iterable[Any]:
         node = self._node
@@ -170,6 +253,7 @@ class StateCollector(Collector):
         yield from _runners(state, nodes)
         yield from _tasks(state, nodes)
         yield from _downloads(state, nodes)
+        yield from self._log_counters.families(nodes)
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -234,13 +318,19 @@ def _runners(state: State, nodes: set[NodeId]) -> Iterator[GaugeMetricFamily]:
         "exo_runners", "Runners by node, model and status.", ["node", "model", "status"]
     )
     failures = _gauge(
-        "exo_runner_failures",
-        "Consecutive failures (restarts) of a node's runners for a model.",
+        "exo_runner_consecutive_failures",
+        "Failures in a row of a node's runners for a model (the restart back-off's count).",
+        ["node", "model"],
+    )
+    memory = _gauge(
+        "exo_runner_memory_bytes",
+        "Resident memory of a node's runner processes for a model (node telemetry).",
         ["node", "model"],
     )
     counts: dict[tuple[str, str, str], int] = {}
     failed: dict[tuple[str, str], int] = {}
-    for runner in state.runners.values():
+    resident: dict[tuple[str, str], int] = {}
+    for runner_id, runner in state.runners.items():
         if runner.node_id not in nodes:
             continue
         instance = state.instances.get(runner.instance_id)
@@ -249,11 +339,17 @@ def _runners(state: State, nodes: set[NodeId]) -> Iterator[GaugeMetricFamily]:
         counts[key] = counts.get(key, 0) + 1
         pair = (str(runner.node_id), model)
         failed[pair] = failed.get(pair, 0) + runner.failures
+        info = state.nodes.get(runner.node_id)
+        rss = info.resources.runner_memory.get(runner_id) if info else None
+        if rss is not None:
+            resident[pair] = resident.get(pair, 0) + rss
     for key, n in sorted(counts.items()):
         runners.add_metric(list(key), float(n))
     for pair, n in sorted(failed.items()):
         failures.add_metric(list(pair), float(n))
-    yield from (runners, failures)
+    for pair, n in sorted(resident.items()):
+        memory.add_metric(list(pair), float(n))
+    yield from (runners, failures, memory)
 
 
 def _tasks(state: State, nodes: set[NodeId]) -> Iterator[GaugeMetricFamily]:

@@ -170,7 +170,7 @@ class Node:
         self.election = Election(
             me=self._campaign,
             broadcast=self._broadcast_campaign,
-            become_master=self._become_master,
+            become_master=self._run_for_master,
             follow=self._follow,
             step_down=self._step_down,
             timing=election_timing,
@@ -651,6 +651,11 @@ class Node:
             return False
         return True
 
+    async def _run_for_master(self, term: int) -> bool:
+        won = await self._become_master(term)
+        self.metrics.campaigns.labels("won" if won else "lost").inc()
+        return won
+
     async def _become_master(self, term: int) -> bool:
         """Take over: catch up from the most complete log in reach, win a majority of votes,
         then start the term."""
@@ -758,7 +763,12 @@ class Node:
         addresses = local_addresses(self.config.listen_host)
         while True:
             serves = self.servable() if self.worker else ()
-            resources = gather_resources(self.config.data_dir, self.engine_names, serves)
+            resources = gather_resources(
+                self.config.data_dir,
+                self.engine_names,
+                serves,
+                self.worker.runner_pids() if self.worker else None,
+            )
             report = ReportEvents(
                 events=(
                     NodeTelemetry(

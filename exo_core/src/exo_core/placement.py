@@ -168,12 +168,15 @@ class _Refusals:
 
 
 def can_serve(node: NodeInfo, card: ModelCard, state: State) -> bool:
-    """Whether `node`'s engines can serve `card`, as its telemetry says. A card added through
-    the API (replicated in state) may be newer than the node's last report: any node with an
-    engine may serve it."""
+    """Whether `node`'s engines can serve `card`, as its telemetry says. A custom card added
+    through the API may be newer than the node's last report: any node with an engine may
+    serve it. (A plugin's card replicated at placement is not custom: only nodes that report
+    it can serve it.)"""
     serves = node.resources.serves
     return bool(node.resources.engines) and (
-        serves is None or card.model_id in serves or card.model_id in state.model_cards
+        serves is None
+        or card.model_id in serves
+        or (card.custom and card.model_id in state.model_cards)
     )
 
 

@@ -111,6 +111,7 @@ from exo_core.parsers import (
     ToolBlockReader,
     ToolCallParseError,
     read_hermes,
+    split_held,
     tool_call,
 )
 from exo_core.paths import (
@@ -344,6 +345,7 @@ __all__ = [
     "runnable",
     "runner_env",
     "shim_for",
+    "split_held",
     "split_layers",
     "sse",
     "start_request_reader",

@@ -7,6 +7,7 @@ thinking and tool calls. Leaving the stream early (a client that disconnects) ca
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
@@ -86,13 +87,25 @@ def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None
         raise InvalidRequest(f"model '{card.model_id}' does not accept images")
 
 
+# The shape of the ids exo hands out (`task-3f9c...`, `chatcmpl-...`, `resp_...`, `msg_...`).
+_ISSUED_ID = re.compile(r"[A-Za-z]+[-_][0-9a-f]{12,32}")
+# How long a cancel waits for a generation that another node may be submitting right now.
+CANCEL_GRACE_S = 2.0
+
+
+def may_be_issued(request_id: str) -> bool:
+    """Whether `request_id` has the shape of an id exo issues (others are unknown at once)."""
+    return _ISSUED_ID.fullmatch(request_id) is not None
+
+
 class GenerationService:
     def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
         self._node = node
         self._keepalive_s = keepalive_s
         self._placing: dict[ModelId, anyio.Lock] = {}
         # The generations this node's API is streaming, by the id their response carries (and
-        # by task id), so that `POST /v1/cancel/{id}` can reach them from another connection.
+        # by task id), from before their task reaches the state: `POST /v1/cancel/{id}` on this
+        # node reaches them at once; other nodes find them in the state (`Task.request_id`).
         self._streaming: dict[str, TaskId] = {}
 
     def resolve(self, model_id: str) -> ModelCard:
@@ -169,11 +182,28 @@ class GenerationService:
                     raise NoInstance(f"counting tokens failed: {chunk.message}")
         raise NoInstance("counting tokens ended without an answer")
 
+    def _task_for(self, request_id: str) -> TaskId | None:
+        local = self._streaming.get(request_id)
+        if local is not None:
+            return local
+        for task in self._node.state.tasks.values():
+            if request_id in (task.task_id, task.request_id):
+                return task.task_id
+        return None
+
     async def cancel(self, request_id: str) -> bool:
-        """Cancel a running generation by its response id or task id. False when unknown."""
-        task_id = self._streaming.get(request_id)
-        if task_id is None and TaskId(request_id) in self._node.state.tasks:
-            task_id = TaskId(request_id)
+        """Cancel a running generation, whichever node's API streams it, by its response id or
+        task id. False when unknown.
+
+        A response can carry its id a moment before its task reaches this node's state: an id
+        of exo's shape that is not found yet is looked for again as the state changes, for
+        `CANCEL_GRACE_S`."""
+        task_id = self._task_for(request_id)
+        if task_id is None and may_be_issued(request_id):
+            with anyio.move_on_after(CANCEL_GRACE_S):
+                while task_id is None:
+                    await self._node.replica.wait_change()
+                    task_id = self._task_for(request_id)
         if task_id is None:
             return False
         result = await self._node.send_command(CancelTask(task_id=task_id), timeout=10)
@@ -211,6 +241,7 @@ class GenerationService:
             origin_node=node.node_id,
             params=params,
             image=image,
+            request_id=request_id,
         )
         chunks = node.router.open(task.task_id, instance_id)
         ids = {task.task_id, *([request_id] if request_id else [])}

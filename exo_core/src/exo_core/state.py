@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -25,6 +25,8 @@ class NodeResources(msgspec.Struct, frozen=True, kw_only=True):
     # The models (of the cards this node knows) its engines can serve; None: not reported,
     # then any node with an engine is a candidate.
     serves: tuple[ModelId, ...] | None = None
+    # Resident memory of this node's runners that run in processes of their own, in bytes.
+    runner_memory: dict[RunnerId, int] = msgspec.field(default_factory=dict)
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,6 +149,8 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     params: GenerationParams
     # Set for an image task (its `params` stay empty).
     image: ImageRequest | None = None
+    # The id the caller's response carries (`chatcmpl-...`): any node cancels the task by it.
+    request_id: Annotated[str, msgspec.Meta(max_length=128)] | None = None
     status: TaskStatus = TaskStatus.PENDING
     error: str | None = None
 

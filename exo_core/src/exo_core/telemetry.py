@@ -7,12 +7,26 @@ import socket
 
 import psutil
 
-from exo_core.ids import ModelId
+from exo_core.ids import ModelId, RunnerId
 from exo_core.state import NodeResources
 
 
+def resident_memory(pids: dict[RunnerId, int]) -> dict[RunnerId, int]:
+    """The resident set size of each process, in bytes (those gone meanwhile left out)."""
+    out: dict[RunnerId, int] = {}
+    for runner_id, pid in pids.items():
+        try:
+            out[runner_id] = psutil.Process(pid).memory_info().rss
+        except psutil.Error:
+            continue
+    return out
+
+
 def gather_resources(
-    disk_path: str, engines: tuple[str, ...], serves: tuple[ModelId, ...] | None = None
+    disk_path: str,
+    engines: tuple[str, ...],
+    serves: tuple[ModelId, ...] | None = None,
+    runner_pids: dict[RunnerId, int] | None = None,
 ) -> NodeResources:
     memory = psutil.virtual_memory()
     try:
@@ -30,6 +44,7 @@ def gather_resources(
         os=f"{platform.system()} {platform.release()}",
         engines=engines,
         serves=serves,
+        runner_memory=resident_memory(runner_pids or {}),
     )
 
 

@@ -167,6 +167,11 @@ class Worker:
                 self._cancelling.add(task_id)
                 self._tg.start_soon(self._cancel, task_id, scope)
 
+    def runner_pids(self) -> dict[RunnerId, int]:
+        """The processes of this node's runners that run in one of their own (telemetry)."""
+        pids = {rid: local.runner.pid for rid, local in self._locals.items() if local.runner}
+        return {rid: pid for rid, pid in pids.items() if pid is not None}
+
     def _local_for(self, instance_id: InstanceId) -> _Local | None:
         return next(
             (x for x in self._locals.values() if x.instance.instance_id == instance_id), None
@@ -199,6 +204,8 @@ class Worker:
         if self._downloader is None:
             return
         for card in self._all_cards().values():
+            if not self._needs_download(card):
+                continue
             try:
                 path = self._downloader.find_local(card)
             except Exception as e:  # a broken directory must not stop the worker
@@ -260,6 +267,9 @@ class Worker:
     async def download(self, card: ModelCard) -> Path:
         """Fetch a model to this node without running it (`exo pull`); progress, completion and
         failure reach state like a placement's download. Raises `DownloadFailed`."""
+        engine = self._engine_for(card)
+        if engine is not None and not engine.needs_download:
+            return await engine.prepare_model(card, self._models_dir) or self._models_dir
         if self._downloader is None:
             raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
         found = self._downloader.find_local(card)
@@ -291,10 +301,16 @@ class Worker:
     def _engine_for(self, card: ModelCard) -> Engine | None:
         return next((e for e in self._engines if e.can_serve(card)), None)
 
+    def _needs_download(self, card: ModelCard) -> bool:
+        engine = self._engine_for(card)
+        return engine is None or engine.needs_download
+
     async def _prepare(self, local: _Local, card: ModelCard, engine: Engine) -> Path:
         own = await engine.prepare_model(card, self._models_dir)
         if own is not None:
             return own
+        if not engine.needs_download:
+            return self._models_dir
         if self._downloader is None:
             raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
         found = self._downloader.find_local(card)

@@ -29,6 +29,9 @@ TINY_CONFIG = {
     "num_key_value_heads": 2,
 }
 WEIGHTS = 2_000_000
+# Runners prefill this many prompt tokens a step (2048 by default): a prompt of a few hundred
+# tokens then reports its progress, quickly.
+PREFILL_STEP = 64
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def hub() -> Iterator[HubStandIn]:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, hub: HubStandIn) -> Iterator[ExoProcess]:
-    env = {"HF_ENDPOINT": hub.url}
+    env = {"HF_ENDPOINT": hub.url, "EXO_PREFILL_STEP_SIZE": str(PREFILL_STEP)}
     with exo_processes(tmp_path_factory.mktemp("cli"), 1, env=env) as (started,):
         wait_until(lambda: started.get("/healthz")["master"] is not None, timeout=120)
         yield started
@@ -117,6 +120,10 @@ def test_run_places_the_model_then_chats(node: ExoProcess) -> None:
     header, row = ps.stdout.splitlines()[:2]
     assert header.split("\t")[4:6] == ["RUNNERS", "STARTUP"]
     assert MODEL in row and "ready" in row and float(row.split("\t")[5].rstrip("s")) > 0
+    # The runner's resident memory, once the node's telemetry (every 5 s) reported it.
+    memory = lambda: exo("ps", node=node).stdout.splitlines()[1].split("\t")[7]  # noqa: E731
+    wait_until(lambda: memory() != "-", timeout=60)
+    assert memory().endswith(("MB", "GB")), memory()
     child = spawn("run", MODEL, "--max-tokens", "8", node=node)
     child.expect(">>> ")
     child.sendline("What is the capital of France?")
@@ -136,3 +143,43 @@ def test_place_shows_previews(node: ExoProcess) -> None:
     assert answer["previews"]["previews"] and answer["instance"]["model_id"] == MODEL
     too_many = exo("place", MODEL, "--min-nodes", "5", node=node)
     assert too_many.returncode == 1 and too_many.stderr
+
+
+def _long_prompt(topic: str) -> str:
+    sentence = f"Here is one more sentence about {topic} and the weather in the hills. "
+    return sentence * 40 + "Summarise it in a word."
+
+
+def test_a_long_prompt_shows_prefill_progress_before_the_first_token(node: ExoProcess) -> None:
+    child = spawn("run", MODEL, _long_prompt("apples"), "--max-tokens", "4", node=node)
+    child.expect("reading the prompt")  # the bar, on the terminal
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0, child.before
+    # On the wire: SSE comments with growing counts, all before the first token.
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": _long_prompt("pears")}],
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    progress: list[tuple[int, int]] = []
+    first_token_after = None
+    usage = None
+    with httpx.stream("POST", f"{node.url}/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith(": prefill "):
+                done, total = line.removeprefix(": prefill ").split("/")
+                progress.append((int(done), int(total)))
+            elif line.startswith("data: {"):
+                chunk = json.loads(line.removeprefix("data: "))
+                usage = chunk.get("usage") or usage
+                deltas = [c["delta"].get("content") for c in chunk["choices"]]
+                if any(deltas) and first_token_after is None:
+                    first_token_after = len(progress)
+    assert usage is not None and usage["prompt_tokens"] > 4 * PREFILL_STEP
+    assert len(progress) >= 3 and first_token_after == len(progress), progress
+    assert {total for _, total in progress} == {usage["prompt_tokens"]}
+    done = [d for d, _ in progress]
+    assert done == sorted(done) and done[0] >= PREFILL_STEP and done[-1] < usage["prompt_tokens"]

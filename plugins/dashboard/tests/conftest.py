@@ -55,8 +55,9 @@ class WatchedPage:
 @pytest.fixture(scope="session")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningNode]:
     """One in-process node for the quick tests: the dashboard, the scripted engine, and the
-    stand-ins (the OpenAI API with a stand-in image route, and two more cards)."""
-    plugins = [dashboard_plugin, ScriptedEnginePlugin(delay_s=0.05), StandIns()]
+    stand-ins (the OpenAI API with a stand-in image route, and two more cards). A prompt over
+    50 words reports its prefill progress first."""
+    plugins = [dashboard_plugin, ScriptedEnginePlugin(delay_s=0.05, prefill_step=50), StandIns()]
     # dialects=False: the stand-ins replace the installed OpenAI dialect (same routes).
     with running_node(tmp_path_factory.mktemp("dashboard"), plugins, dialects=False) as node:
         yield node

@@ -146,3 +146,35 @@ def test_the_page_applies_events_as_the_node_does(node: RunningNode, open_page: 
     assert replayed == state
     assert refused == [None, None]
     watched.assert_clean()
+
+
+def test_a_long_prompt_shows_its_prefill_progress_before_the_answer(
+    node: RunningNode, open_page: OpenPage
+) -> None:
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(f"{node.url}/#chat")
+    page.select_option("#chat-model", "scripted-echo")
+    # Every state of the reply, as the page draws it: the progress shows only for moments.
+    page.evaluate(
+        """() => {
+        window.seen = [];
+        new MutationObserver(() => {
+          const reply = document.querySelector(".message.assistant:last-child");
+          const prefill = reply?.querySelector(".prefill");
+          const text = reply?.querySelector(".markdown")?.textContent ?? "";
+          window.seen.push(prefill ? "prefill " + prefill.textContent : text ? "text" : "");
+        }).observe(document.getElementById("messages"), { childList: true, subtree: true });
+      }"""
+    )
+    words = 220  # the scripted engine prefills 50 words a step
+    page.fill("#prompt", " ".join(["word"] * words))
+    page.keyboard.press("Enter")
+    reply = page.locator(".message.assistant").last
+    expect(reply.locator(".stats-line")).to_contain_text("out", timeout=30_000)
+    seen: list[str] = [s for s in page.evaluate("window.seen") if s]
+    progress = [s for s in seen if s.startswith("prefill")]
+    assert f"prefill Reading the prompt: 50 / {words} tokens" in progress, seen
+    assert seen.index(progress[-1]) < seen.index("text")  # before the answer, then gone
+    expect(reply.locator(".prefill")).to_have_count(0)
+    watched.assert_clean()

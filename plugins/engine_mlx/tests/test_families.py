@@ -40,8 +40,9 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("qwen3_moe", "mlx-lm", True),
         ("kimi_k2", "mlx-lm", True),  # an alias of deepseek_v3
         ("qwen3_next", "mlx-lm", False),
-        ("gpt_oss", None, True),
-        ("minimax_m2", None, True),
+        ("gpt_oss", "layers", True),  # its own forward on a slice of its layers
+        ("minimax_m2", "layers", True),  # an alias of minimax
+        ("longcat_flash", None, True),
     ],
 )
 def test_support_per_family(model_type: str, pipeline: str | None, tensor: bool) -> None:
@@ -51,8 +52,8 @@ def test_support_per_family(model_type: str, pipeline: str | None, tensor: bool)
 
 def test_refusals_say_why() -> None:
     assert family_support("qwen3_moe").refusal("pipeline") is None
-    gpt = family_support("gpt_oss").refusal("pipeline")
-    assert gpt is not None and gpt.startswith("gpt_oss: pipeline parallel")
+    longcat = family_support("longcat_flash").refusal("pipeline")
+    assert longcat is not None and longcat.startswith("longcat_flash: pipeline parallel")
     nxt = family_support("qwen3_next").refusal("tensor")
     assert nxt is not None and "shard()" in nxt
     unknown = family_support("no_such_model").refusal("pipeline")
@@ -79,10 +80,11 @@ def _card(model_type: str) -> ModelCard:
 def test_the_engine_refuses_only_what_it_cannot_split() -> None:
     engine = MlxEngine()
     assert engine.sharding_refusal(_card("qwen3_moe"), "pipeline", 4) is None
-    gpt = engine.sharding_refusal(_card("gpt_oss"), "pipeline", 2)
-    assert gpt is not None and gpt.startswith("gpt_oss: pipeline parallel")
-    assert engine.sharding_refusal(_card("gpt_oss"), "tensor", 2) is None
-    assert engine.sharding_refusal(_card("gpt_oss"), "pipeline", 1) is None  # one node
+    longcat = engine.sharding_refusal(_card("longcat_flash"), "pipeline", 2)
+    assert longcat is not None and longcat.startswith("longcat_flash: pipeline parallel")
+    assert engine.sharding_refusal(_card("longcat_flash"), "tensor", 2) is None
+    assert engine.sharding_refusal(_card("longcat_flash"), "pipeline", 1) is None  # one node
+    assert engine.sharding_refusal(_card("gpt_oss"), "pipeline", 2) is None
     assert engine.sharding_refusal(_card(""), "pipeline", 2) is None  # architecture unknown
 
 
@@ -92,16 +94,16 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
             NodeShare(node_id=NodeId(f"n{i}"), start_layer=i, end_layer=i + 1, memory_bytes=1)
             for i in range(nodes)
         )
-        return PlacementOption(model_id=ModelId("x/gpt_oss"), sharding=sharding, shares=shares)
+        return PlacementOption(model_id=ModelId("x/longcat"), sharding=sharding, shares=shares)
 
     engine = MlxEngine()
-    card = _card("gpt_oss")
+    card = _card("longcat_flash")
 
     def refusal(o: PlacementOption) -> str | None:
         return engine.sharding_refusal(card, o.sharding, len(o.shares))
 
     options = [option("pipeline", 2), option("tensor", 2), option("pipeline", 1)]
     assert runnable(options, refusal) == options[1:]
-    with pytest.raises(PlacementRefused, match="gpt_oss: pipeline parallel"):
+    with pytest.raises(PlacementRefused, match="longcat_flash: pipeline parallel"):
         runnable([option("pipeline", 2), option("pipeline", 3)], refusal)
     assert runnable([], refusal) == []

@@ -17,7 +17,8 @@ from exo_engine_mlx.tiny_model import make_tiny_model
 pytestmark = pytest.mark.slow
 
 # (model_type, sharding): the families split by mlx-lm's own pipeline() (MoE, MLA, hybrid
-# linear attention) and by the engine's layer slicing; tensor where mlx-lm has shard().
+# linear attention) and by the engine's layer slicing (llama-shaped, and the families whose
+# own forward runs on a slice: gpt-oss, MiniMax, Step 3.5); tensor where mlx-lm has shard().
 CASES = [
     ("qwen3", "pipeline"),
     ("qwen2", "pipeline"),
@@ -25,7 +26,11 @@ CASES = [
     ("deepseek_v3", "pipeline"),
     ("glm4_moe", "pipeline"),
     ("qwen3_next", "pipeline"),
+    ("gpt_oss", "pipeline"),
+    ("minimax", "pipeline"),
+    ("step3p5", "pipeline"),
     ("qwen3_moe", "tensor"),
+    ("gpt_oss", "tensor"),
 ]
 PROMPTS = {"a": "hello world", "b": "the quick brown fox jumps over the lazy dog"}
 

@@ -361,3 +361,62 @@ def test_the_batch_engine_parses_and_counts_reasoning_tokens(
     assert finish.usage.completion_tokens == len(thought) + len(answer)
     # The open tag and the thinking are reasoning; the close tag ends it.
     assert finish.usage.reasoning_tokens == len(thought) - 1
+
+
+# gpt-oss (Harmony): thinking on the analysis channel, a preamble on commentary, calls as
+# messages to functions (the recipient in the channel part, then in the role part).
+HARMONY_OUTPUT = (
+    "<|channel|>analysis<|message|>Paris first, then Rome.<|end|>"
+    "<|start|>assistant<|channel|>commentary<|message|>Checking both.<|end|>"
+    "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+    '<|message|>{"city": "Paris", "days": 2}<|call|>'
+    "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json"
+    '<|message|>{"city": "Rome", "days": 1}<|call|>'
+)
+
+
+@pytest.fixture(scope="module")
+def harmony(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from exo_engine_mlx.tiny_model import HARMONY_SPECIALS, HARMONY_TEMPLATE
+
+    out = tmp_path_factory.mktemp("harmony")
+    make_tiny_tokenizer(
+        out,
+        special_tokens=HARMONY_SPECIALS,
+        chat_template=HARMONY_TEMPLATE,
+        corpus=[HARMONY_OUTPUT, "get_weather Paris Rome city days analysis commentary"],
+    )
+    return load_tokenizer(out)
+
+
+def test_harmony_channels_and_calls_come_out_structured(harmony: Any) -> None:
+    out = stream(harmony, params(), HARMONY_OUTPUT)
+    calls = [c.call for c in out if isinstance(c, ToolCallChunk)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2}),
+        ("get_weather", {"city": "Rome", "days": 1}),
+    ]
+    assert joined(out, ThinkingChunk) == "Paris first, then Rome."
+    assert joined(out, TextChunk) == "Checking both."
+
+
+def test_harmony_without_tools_or_cut_off_calls_stay_text(harmony: Any) -> None:
+    out = stream(harmony, params(tools=False), HARMONY_OUTPUT)
+    assert not any(isinstance(c, ToolCallChunk) for c in out)
+    assert '"city": "Rome"' in joined(out, TextChunk)
+    cut = HARMONY_OUTPUT[: HARMONY_OUTPUT.index('"Par') + 4]
+    out = stream(harmony, params(), cut)
+    assert not any(isinstance(c, ToolCallChunk) for c in out)
+    assert joined(out, TextChunk).endswith('{"city": "Par')
+
+
+def test_harmony_prompt_opening_the_analysis_channel_starts_in_thinking() -> None:
+    from exo_engine_mlx.harmony import HarmonyParser
+
+    parser = HarmonyParser(False, "<|start|>user<|message|>hi<|end|><|start|>assistant"
+                           "<|channel|>analysis<|message|>")  # fmt: skip
+    assert parser.thinking
+    out = parser.feed(TextChunk(task_id=TASK, text="Hmm.<|end|><|start|>assistant"))
+    out += parser.feed(TextChunk(task_id=TASK, text="<|channel|>final<|message|>Hi"))
+    out += parser.finish(TASK)
+    assert joined(out, ThinkingChunk) == "Hmm." and joined(out, TextChunk) == "Hi"

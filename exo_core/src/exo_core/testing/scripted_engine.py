@@ -11,14 +11,14 @@ Register `ScriptedEnginePlugin()` on a node's plugin manager. Its model card
   (`scripted-thinker`).
 
 It honours max_tokens (in words), `ignore_eos`, `count_only`, stop sequences, cancellation,
-and can be slowed per token.
+and can be slowed per token. With `prefill_step` words, a longer prompt reports its prefill
+progress a step at a time first (`KeepAliveChunk`s), as engine_mlx does.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 
@@ -29,6 +29,7 @@ from exo_core.generation import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    KeepAliveChunk,
     TextChunk,
     TokenLogprob,
     TopLogprob,
@@ -90,10 +91,13 @@ def tokens(text: str) -> list[str]:
 
 
 class ScriptedRunner(Runner):
-    def __init__(self, spec: RunnerSpec, delay_s: float, fail_load: bool) -> None:
+    def __init__(
+        self, spec: RunnerSpec, delay_s: float, fail_load: bool, prefill_step: int = 0
+    ) -> None:
         self.spec = spec
         self.delay_s = delay_s
         self.fail_load = fail_load
+        self.prefill_step = prefill_step
         self._stop = anyio.Event()
         self._cancelled: set[TaskId] = set()
 
@@ -117,6 +121,12 @@ class ScriptedRunner(Runner):
             usage = Usage(prompt_tokens=prompt_tokens)
             yield FinishChunk(task_id=task.task_id, finish_reason=FinishReason.STOP, usage=usage)
             return
+        if 0 < self.prefill_step < prompt_tokens:
+            for done in range(self.prefill_step, prompt_tokens, self.prefill_step):
+                yield KeepAliveChunk(
+                    task_id=task.task_id, prefill_processed=done, prefill_total=prompt_tokens
+                )
+                await anyio.sleep(self.delay_s)
         text = script(self.spec.card, task.params)
         pieces = tokens(text)
         limit = task.params.max_tokens
@@ -178,20 +188,21 @@ class ScriptedRunner(Runner):
 
 class ScriptedEngine(Engine):
     name = "scripted"
+    needs_download = False  # its "models" are scripts: the downloader is never asked
 
-    def __init__(self, delay_s: float = 0.0, fail_load: bool = False) -> None:
+    def __init__(
+        self, delay_s: float = 0.0, fail_load: bool = False, prefill_step: int = 0
+    ) -> None:
         self.delay_s = delay_s
         self.fail_load = fail_load
+        self.prefill_step = prefill_step
         self.runners: list[ScriptedRunner] = []
 
     def can_serve(self, card: ModelCard) -> bool:
         return card.source.startswith("scripted:")
 
-    async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
-        return models_dir  # nothing to fetch
-
     def create_runner(self, spec: RunnerSpec) -> Runner:
-        runner = ScriptedRunner(spec, self.delay_s, self.fail_load)
+        runner = ScriptedRunner(spec, self.delay_s, self.fail_load, self.prefill_step)
         self.runners.append(runner)
         return runner
 
@@ -199,8 +210,10 @@ class ScriptedEngine(Engine):
 class ScriptedEnginePlugin:
     """A plugin object: register it with `plugin_host.pm.register(ScriptedEnginePlugin())`."""
 
-    def __init__(self, delay_s: float = 0.0, fail_load: bool = False) -> None:
-        self.engine = ScriptedEngine(delay_s, fail_load)
+    def __init__(
+        self, delay_s: float = 0.0, fail_load: bool = False, prefill_step: int = 0
+    ) -> None:
+        self.engine = ScriptedEngine(delay_s, fail_load, prefill_step)
 
     @hookimpl
     def exo_engines(self) -> list[Engine]:

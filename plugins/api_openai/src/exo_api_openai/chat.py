@@ -154,6 +154,7 @@ def to_params(req: ChatCompletionRequest, card: ModelCard) -> GenerationParams:
         logprobs=want_logprobs,
         top_logprobs=req.top_logprobs or 0,
         enable_thinking=common.thinking(card, req.reasoning_effort, req.chat_template_kwargs),
+        reasoning_effort=common.effort(req.reasoning_effort),
     )
 
 

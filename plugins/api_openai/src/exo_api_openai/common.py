@@ -94,6 +94,20 @@ def thinking(
     return flag if card.has(Capability.THINKING) else None
 
 
+EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+           "xhigh": "high"}  # fmt: skip
+
+
+def effort(value: str | None) -> str | None:
+    """OpenAI's reasoning effort as the levels reasoning templates know (gpt-oss's Harmony has
+    low, medium and high; "none"/"minimal" are its lowest, "xhigh" its highest)."""
+    if value is None:
+        return None
+    if value not in EFFORTS:
+        raise InvalidRequest(f"reasoning effort must be one of {', '.join(EFFORTS)}")
+    return EFFORTS[value]
+
+
 def sampling(
     *,
     temperature: float | None = None,

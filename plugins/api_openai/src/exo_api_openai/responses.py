@@ -165,6 +165,7 @@ def to_params(req: ResponsesRequest, card: ModelCard) -> GenerationParams:
         logprobs=LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs),
         top_logprobs=req.top_logprobs or 0,
         enable_thinking=common.thinking(card, effort, None),
+        reasoning_effort=common.effort(effort),
     )
 
 

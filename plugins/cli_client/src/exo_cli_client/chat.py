@@ -5,19 +5,67 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from exo_cli_client.client import EXIT_OK, ClientError, NodeClient
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+
+from exo_cli_client.client import EXIT_OK, ClientError, NodeClient, Prefill
 from exo_cli_client.commands import ensure_running
 from exo_cli_client.output import Output
 
 BYE = "/bye"
 
 
+class PrefillBar:
+    """A bar of the prompt tokens read so far, on a terminal only; it goes away when the
+    answer starts."""
+
+    def __init__(self, out: Output) -> None:
+        self._out = out
+        self._bar: tuple[Progress, TaskID] | None = None
+
+    def show(self, prefill: Prefill) -> None:
+        if not self._out.rich:
+            return
+        if self._bar is None:
+            bar = Progress(
+                TextColumn("reading the prompt"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("tokens"),
+                console=self._out.console,
+                transient=True,
+            )
+            bar.start()
+            self._bar = (bar, bar.add_task("prefill", total=prefill.total))
+        bar, task = self._bar
+        bar.update(task, completed=prefill.done, total=prefill.total)
+
+    def end(self) -> None:
+        if self._bar is not None:
+            self._bar[0].stop()
+            self._bar = None
+
+
 def reply(client: NodeClient, out: Output, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Stream one answer to the terminal (thinking dimmed); returns its text and usage."""
+    """Stream one answer to the terminal (thinking dimmed, a bar while a long prompt is
+    prefilled); returns its text and usage."""
+    prefill = PrefillBar(out)
+    try:
+        return _reply(client, out, body, prefill)
+    finally:
+        prefill.end()
+
+
+def _reply(
+    client: NodeClient, out: Output, body: dict[str, Any], prefill: PrefillBar
+) -> tuple[str, dict[str, Any]]:
     text: list[str] = []
     usage: dict[str, Any] = {}
     thinking = False
     for chunk in client.stream_chat({**body, "stream_options": {"include_usage": True}}):
+        if isinstance(chunk, Prefill):
+            prefill.show(chunk)
+            continue
+        prefill.end()
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -17,6 +19,17 @@ EXIT_NOT_FOUND = 4  # the model (or instance) is unknown to the cluster
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
 DEFAULT_NODE = "http://127.0.0.1:52415"
+
+# The SSE comment a node streams while it prefills a long prompt (see api_openai's chat).
+_PREFILL = re.compile(r"^: ?prefill (\d+)/(\d+)")
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """`done` of `total` prompt tokens are prefilled (no answer token yet)."""
+
+    done: int
+    total: int
 
 
 class ClientError(Exception):
@@ -71,8 +84,9 @@ class NodeClient:
     def delete(self, path: str) -> Any:
         return self.request("DELETE", path)
 
-    def stream_chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The `chat.completion.chunk` objects of a streamed chat completion."""
+    def stream_chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any] | Prefill]:
+        """The `chat.completion.chunk` objects of a streamed chat completion, and the prefill
+        progress of a long prompt before them."""
         try:
             with self._http.stream(
                 "POST", "/v1/chat/completions", json={**body, "stream": True}, timeout=None
@@ -81,6 +95,9 @@ class NodeClient:
                     response.read()
                     raise ClientError(_detail(response))
                 for line in response.iter_lines():
+                    if prefill := _PREFILL.match(line):
+                        yield Prefill(int(prefill[1]), int(prefill[2]))
+                        continue
                     if not line.startswith("data:"):
                         continue  # keep-alive comments, blank lines
                     data = line.removeprefix("data:").strip()

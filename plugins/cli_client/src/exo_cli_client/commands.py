@@ -41,6 +41,7 @@ def ps(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
         # The slowest rank's startup: its stages (download, load, warm-up) added up.
         startup = max((sum(r.get("stage_seconds", {}).values()) for r in runners), default=0.0)
         card = cards.get(instance["model_id"], {})
+        memory = _runner_memory(state, shards)
         rows.append(
             [
                 instance_id,
@@ -50,10 +51,27 @@ def ps(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
                 ", ".join(statuses),
                 f"{startup:.1f}s",
                 size(card.get("storage_size_bytes", 0)),
+                size(memory) if memory is not None else "-",
             ]
         )
-    out.table(["INSTANCE", "MODEL", "SHARDING", "NODES", "RUNNERS", "STARTUP", "SIZE"], rows)
+    columns = ["INSTANCE", "MODEL", "SHARDING", "NODES", "RUNNERS", "STARTUP", "SIZE", "MEMORY"]
+    out.table(columns, rows)
     return EXIT_OK
+
+
+def _runner_memory(state: dict[str, Any], shards: list[dict[str, Any]]) -> int | None:
+    """The resident memory of an instance's runners, added up over its nodes (telemetry);
+    None when no node reports it (runners in the node's own process, or no report yet)."""
+    found = [
+        state["nodes"].get(s["node_id"], {}).get("resources", {}).get("runner_memory", {})
+        for s in shards
+    ]
+    sizes = [
+        per_node[s["runner_id"]]
+        for s, per_node in zip(shards, found, strict=True)
+        if s["runner_id"] in per_node
+    ]
+    return sum(sizes) if sizes else None
 
 
 def models(args: argparse.Namespace, client: NodeClient, out: Output) -> int:

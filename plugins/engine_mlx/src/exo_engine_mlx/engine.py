@@ -25,6 +25,7 @@ def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
         prefix_cache_bytes=int(env.get("EXO_PREFIX_CACHE_BYTES", defaults.prefix_cache_bytes)),
         min_prefix_tokens=int(env.get("EXO_MIN_PREFIX_TOKENS", defaults.min_prefix_tokens)),
         default_max_tokens=int(env.get("EXO_DEFAULT_MAX_TOKENS", defaults.default_max_tokens)),
+        prefill_step_size=int(env.get("EXO_PREFILL_STEP_SIZE", defaults.prefill_step_size)),
         warmup=env.get("EXO_RUNNER_WARMUP", "1") != "0",
         group_connect_timeout_s=float(
             env.get("EXO_GROUP_CONNECT_TIMEOUT_S", defaults.group_connect_timeout_s)

@@ -18,7 +18,7 @@ import pkgutil
 from dataclasses import dataclass
 from functools import cache
 
-from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES
+from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,8 @@ def family_support(model_type: str) -> FamilySupport:
         inspect.isclass(obj) and issubclass(obj, PipelineMixin) and obj is not PipelineMixin
         for obj in vars(module).values()
     )
-    sliced = module_name(model_type) in PIPELINE_MODEL_TYPES
+    name = module_name(model_type)
+    sliced = name in PIPELINE_MODEL_TYPES or name in SLICED_MODEL_TYPES
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
     return FamilySupport(model_type, True, pipeline, callable(getattr(model, "shard", None)))
 

@@ -3,8 +3,9 @@
 mlx-lm's tokenizer wrapper knows each family's think markers (`<think>`, `<longcat_think>`,
 Gemma's `<|channel>thought`, ...) and its tool-call format (`tool_parsers/`: JSON, Qwen3-Coder
 XML, GLM, Kimi K2, MiniMax, Mistral, pythonic, ...); DeepSeek's formats, which it lacks, are
-in `tool_formats.py`. The runner parses with them on its own side, so the dialects receive
-thinking and tool-call chunks for every family whose tokenizer names its format.
+in `tool_formats.py`, gpt-oss's Harmony channels in `harmony.py`. The runner parses with them
+on its own side, so the dialects receive thinking and tool-call chunks for every family whose
+tokenizer names its format.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from exo_core.plugin import (
     ToolCallParseError,
     tool_call,
 )
+from exo_engine_mlx.harmony import HarmonyParser, is_harmony
 from exo_engine_mlx.prompt import template_tools
 from exo_engine_mlx.tool_formats import ToolFormat, find_format
 
@@ -70,6 +72,8 @@ def tool_format(tokenizer: Any) -> ToolFormat | None:
 def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> OutputParser | None:
     """The parser for one sequence: the family's thinking, then its tool calls (only when the
     request offered tools, so a model's literal tags are otherwise left as text)."""
+    if is_harmony(tokenizer):  # gpt-oss: channels carry both thinking and calls
+        return HarmonyParser(bool(template_tools(params)), prompt)
     parsers: list[OutputParser] = []
     start = getattr(tokenizer, "think_start", None)
     end = getattr(tokenizer, "think_end", None)

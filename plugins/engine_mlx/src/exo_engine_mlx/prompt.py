@@ -67,6 +67,8 @@ def render(tokenizer: Any, params: GenerationParams) -> str:
         kwargs["tools"] = tools
     if params.enable_thinking is not None:
         kwargs["enable_thinking"] = params.enable_thinking
+    if params.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = params.reasoning_effort
     try:
         return tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False, **kwargs

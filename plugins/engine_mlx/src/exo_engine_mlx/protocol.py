@@ -17,6 +17,8 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_bytes: int = 512 * 1024 * 1024
     min_prefix_tokens: int = 8
     default_max_tokens: int = 2048
+    # Prompt tokens prefilled per step; a longer prompt reports its progress after each step.
+    prefill_step_size: int = 2048
     warmup: bool = True
     # Runner groups (instances over several nodes): how long forming the ring, loading on
     # every rank, and one step may take before the runner gives up with an error, and how

@@ -142,6 +142,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         prefix_cache=PrefixCache(budget, options.min_prefix_tokens),
         default_max_tokens=options.default_max_tokens,
         context_length=spec.card.context_length,
+        prefill_step_size=options.prefill_step_size,
     )
     loop = None
     try:

@@ -20,6 +20,42 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# gpt-oss's Harmony format, as its documentation shows it: a system message with the reasoning
+# effort, the tools as a `functions` namespace, calls as messages `to=functions.name` ended by
+# `<|call|>`, tool results from `functions.name`; the answer's header is left open.
+HARMONY_SPECIALS = (
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|constrain|>",
+)
+HARMONY_EOS = ("<|return|>", "<|call|>")
+HARMONY_TEMPLATE = (
+    "{%- set ns = namespace(fn='') -%}"
+    "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}\n\n"
+    "# Valid channels: analysis, commentary, final.<|end|>"
+    "{%- if tools %}<|start|>developer<|message|># Tools\n\n## functions\n\n"
+    "namespace functions {\n{% for t in tools %}"
+    "// {{ t.function.description }}\ntype {{ t.function.name }} = "
+    "(_: {{ t.function.parameters | tojson }}) => any;\n"
+    "{% endfor %}} // namespace functions<|end|>{% endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and m.tool_calls -%}"
+    "{%- for c in m.tool_calls %}{% set ns.fn = c.function.name %}"
+    "<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} "
+    "<|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor -%}"
+    "{%- elif m.role == 'tool' -%}"
+    "<|start|>functions.{{ ns.fn }} to=assistant<|channel|>commentary<|message|>"
+    "{{ m.content }}<|end|>"
+    "{%- elif m.role == 'assistant' -%}"
+    "<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>"
+    "{%- else -%}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
 CORPUS = [
     "the quick brown fox jumps over the lazy dog",
     "hello world, this is a tiny model for the exo tests",
@@ -125,7 +161,42 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         "full_attention_interval": 2,
         "partial_rotary_factor": 0.5,
     },
+    # Sliding-window and full attention layers in turn, attention sinks, biased experts.
+    "gpt_oss": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "head_dim": 16,
+        "intermediate_size": 32,
+        "sliding_window": 32,
+    },
+    "minimax": {
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "shared_intermediate_size": 32,
+        "rotary_dim": 8,
+        "head_dim": 16,
+    },
+    "step3p5": {
+        "num_attention_groups": 2,
+        "head_dim": 16,
+        "sliding_window": 32,
+        "layer_types": ["full_attention", "sliding_attention"] * 2,
+        "moe_num_experts": 4,
+        "moe_top_k": 2,
+        "moe_intermediate_size": 32,
+        "share_expert_dim": 32,
+        "moe_layers_enum": "1,2,3",
+        "use_head_wise_attn_gate": True,
+    },
 }
+
+
+def _token_ids(out: Path, tokens: Sequence[str]) -> list[int]:
+    """The ids of special tokens in the tokenizer written into `out`."""
+    added = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+    ids = {t["content"]: int(t["id"]) for t in added}
+    return [ids[t] for t in tokens]
 
 
 def make_tiny_model(
@@ -142,12 +213,15 @@ def make_tiny_model(
     special_tokens: Sequence[str] = (),
     chat_template: str = CHAT_TEMPLATE,
     corpus: Sequence[str] = (),
+    eos_tokens: Sequence[str] = ("<|im_end|>",),
 ) -> Path:
     """Write an MLX model directory of `model_type` (see `TINY_FAMILIES`) that `mlx_lm.load`
     reads, built from mlx-lm's own model class with random weights. Returns `out`.
 
     `special_tokens`, `chat_template` and `corpus` shape its tokenizer (see
-    `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers."""
+    `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers;
+    `eos_tokens` are the tokens that end a sequence (gpt-oss ends at `<|return|>` and
+    `<|call|>`)."""
     import importlib
 
     if model_type not in TINY_FAMILIES:
@@ -174,9 +248,10 @@ def make_tiny_model(
         "tie_word_embeddings": False,
         "max_position_embeddings": 2048,
         "torch_dtype": "float32",
-        "eos_token_id": SPECIAL.index("<|im_end|>"),
         **TINY_FAMILIES[model_type],
     }
+    eos = _token_ids(out, eos_tokens)
+    config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     mx.random.seed(seed)
     model = family.Model(family.ModelArgs.from_dict(config))
     # Larger weights than the default init, so the logits have a clear winner.

@@ -7,6 +7,10 @@ Two ways, chosen by the model's class (`split_pipeline`):
   masks and caches (MoE, hybrid attention/SSM) as mlx-lm wrote them. mlx-lm gives rank 0 the
   *last* layers and every rank the final hidden state, so every rank computes the same logits.
 * `PipelineStage` below, for llama-shaped models without the mixin.
+* `SlicedStage` below, for the other families whose forward pass is a plain loop over their
+  layers, one cache per layer (gpt-oss, MiniMax, Step 3.5): the family's own forward runs on
+  this rank's slice of the layers, with the tokens' embedding replaced by the hidden state
+  received from the rank before, and (before the last rank) the final norm left out.
 
 In a `PipelineStage`, rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
 from the rank before it; the last rank applies the final norm and the head. The last rank's
@@ -19,6 +23,7 @@ never read from disk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -30,6 +35,29 @@ from mlx_lm.models.cache import KVCache, RotatingKVCache
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
 PIPELINE_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+def _gpt_oss_indices(inner: Any) -> None:
+    # The forward takes its full and sliding masks from the first cache of each kind.
+    kinds = list(inner.layer_types)
+    inner.ga_idx = kinds.index("full_attention") if "full_attention" in kinds else 0
+    inner.swa_idx = kinds.index("sliding_attention") if "sliding_attention" in kinds else 0
+
+
+def _step3p5_indices(inner: Any) -> None:
+    sliding = [bool(layer.is_sliding) for layer in inner.layers]
+    inner._swa_idx = sliding.index(True) if True in sliding else None
+    inner._full_idx = sliding.index(False) if False in sliding else None
+    inner.num_layers = len(inner.layers)
+
+
+# Families `SlicedStage` splits: after slicing, how the inner model re-finds its mask indices
+# (None: its masks come from its first cache, right for any slice). Each has a 2-rank test.
+SLICED_MODEL_TYPES: dict[str, Callable[[Any], None] | None] = {
+    "gpt_oss": _gpt_oss_indices,
+    "minimax": None,
+    "step3p5": _step3p5_indices,
+}
 
 
 class PipelineUnsupported(ValueError):
@@ -63,6 +91,8 @@ def pipeline_method(model: nn.Module) -> str | None:
     model_type = str(getattr(model, "model_type", ""))
     if MODEL_REMAPPING.get(model_type, model_type) in PIPELINE_MODEL_TYPES:
         return "stage"
+    if MODEL_REMAPPING.get(model_type, model_type) in SLICED_MODEL_TYPES:
+        return "sliced"
     return None
 
 
@@ -82,6 +112,8 @@ def split_pipeline(
             raise ValueError(f"layer counts {list(counts)} do not cover the model for the group")
         inner.pipeline(group, list(counts))
         return model
+    if pipeline_method(model) == "sliced":
+        return SlicedStage(model, start, end, group)
     return PipelineStage(model, start, end, group)
 
 
@@ -192,6 +224,109 @@ class PipelineStage(nn.Module):
             # A prefill step evaluates only the caches: make them carry the send.
             if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
                 cache[-1].keys = mx.depends(cache[-1].keys, sent)
+            logits = mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
+        # Every rank gets the last rank's logits (the others add zeros), inside the graph.
+        return mx.distributed.all_sum(logits, group=self._group)
+
+
+class _Received(nn.Module):
+    """Stands in for the embedding on a rank after the first: "embedding" the tokens gives the
+    hidden state the rank before sent. Keeps the real embedding only where it is also the
+    head (tied weights on the last rank)."""
+
+    def __init__(self, receive: Callable[[mx.array], mx.array], head: nn.Module | None) -> None:
+        super().__init__()
+        self._receive = receive  # a method, not a child module: no cycle in the tree
+        if head is not None:
+            self.head = head
+
+    def __call__(self, inputs: mx.array) -> mx.array:
+        return self._receive(inputs)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self.head.as_linear(x)
+
+
+class _Dropped(nn.Module):
+    """A part this rank never runs (the head before the last rank): no weights kept."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x
+
+
+class SlicedStage(nn.Module):
+    """One rank's part of a family in `SLICED_MODEL_TYPES`: the family's own model, cut to
+    layers [start, end), callable like the whole model."""
+
+    def __init__(self, model: nn.Module, start: int, end: int, group: mx.distributed.Group) -> None:
+        super().__init__()
+        from mlx_lm.utils import MODEL_REMAPPING
+
+        full: Any = model  # a model class of mlx-lm: typed by duck, checked by the caller
+        model_type = str(full.model_type)
+        inner = full.model
+        n_layers = len(inner.layers)
+        if not 0 <= start < end <= n_layers:
+            raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
+        self._rank, self._size, self._group = group.rank(), group.size(), group
+        self.first, self.last = self._rank == 0, self._rank == group.size() - 1
+        self._hidden_size = int(full.args.hidden_size)
+        self._vocab_size = int(full.args.vocab_size)
+        # Every per-layer list of the inner model (layer kinds) is cut like the layers.
+        # (An mlx module keeps list attributes as its dict's items.)
+        for name, value in list(inner.items()):
+            if isinstance(value, list) and len(value) == n_layers and name != "layers":
+                inner[name] = value[start:end]
+        inner.layers = inner.layers[start:end]
+        reindex = SLICED_MODEL_TYPES[MODEL_REMAPPING.get(model_type, model_type)]
+        if reindex is not None:
+            reindex(inner)
+        tied = not hasattr(full, "lm_head")
+        if not self.first:
+            head = inner.embed_tokens if self.last and tied else None
+            inner.embed_tokens = _Received(self.receive, head)
+        if not self.last:
+            inner.norm = _Dropped()
+            if not tied:
+                full.lm_head = _Dropped()
+        self.model = full
+        self._tied = tied
+        if len(self.make_cache()) != len(self.layers):  # the send rides on the last cache
+            raise PipelineUnsupported(f"{model_type}: its caches do not follow its layers")
+
+    @property
+    def group(self) -> mx.distributed.Group:
+        return self._group
+
+    @property
+    def layers(self) -> list[Any]:
+        return self.model.model.layers
+
+    def make_cache(self) -> list[Any]:
+        own = getattr(self.model, "make_cache", None)
+        return own() if own is not None else [KVCache() for _ in self.layers]
+
+    def receive(self, inputs: mx.array) -> mx.array:
+        shape = (inputs.shape[0], inputs.shape[1], self._hidden_size)
+        template = mx.zeros(shape, dtype=_float_dtype(self.layers[0]))
+        return mx.distributed.recv_like(template, self._rank - 1, group=self._group)
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
+        inner = self.model.model
+        h = inner(inputs, cache=cache)
+        if self.last:
+            # The head as these families' own forward applies it, on the last position only.
+            out = h[:, -1:, :]
+            logits = inner.embed_tokens.as_linear(out) if self._tied else self.model.lm_head(out)
+            # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
+            logits = logits.astype(mx.float32)
+        else:
+            h = h.astype(_float_dtype(self.layers[0]))
+            sent = mx.distributed.send(h, self._rank + 1, group=self._group)
+            # A prefill step evaluates only the caches: make them carry the send.
+            if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
+                cache[-1].keys = mx.depends(cache[-1].keys, sent)
+            batch = inputs.shape[0]
             logits = mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
         # Every rank gets the last rank's logits (the others add zeros), inside the graph.
         return mx.distributed.all_sum(logits, group=self._group)

@@ -92,9 +92,10 @@ export function sendJson(method, path, body, init = {}) {
 
 /**
  * Server-sent events read with fetch (EventSource cannot send the key): calls onEvent with
- * {event, data, id} for each message until the stream ends or `signal` aborts.
+ * {event, data, id} for each message until the stream ends or `signal` aborts, and onComment
+ * (when given) with the text of each comment line (a long prompt's `prefill N/M`, say).
  */
-export async function readEvents(response, onEvent, signal) {
+export async function readEvents(response, onEvent, signal, onComment = null) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -109,6 +110,7 @@ export async function readEvents(response, onEvent, signal) {
       while ((cut = buffer.search(/\r?\n\r?\n/)) >= 0) {
         const block = buffer.slice(0, cut);
         buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, "");
+        if (onComment) for (const line of block.split(/\r?\n/)) if (line.startsWith(":")) onComment(line.slice(1).trim());
         const message = parseBlock(block);
         if (message) onEvent(message);
       }

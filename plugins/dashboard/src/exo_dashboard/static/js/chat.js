@@ -90,7 +90,7 @@ function statsLine(stats) {
 const rendered = new WeakMap();
 
 function messageView(message) {
-  const key = JSON.stringify([message.content, message.reasoning, message.error, message.stats, message.streaming]);
+  const key = JSON.stringify([message.content, message.reasoning, message.error, message.stats, message.streaming, message.prefill]);
   const cached = rendered.get(message);
   if (cached?.key === key) return cached.node;
   const node = buildMessage(message);
@@ -109,8 +109,19 @@ function buildMessage(message) {
       : null,
     body,
     message.error ? h("p.error-text", {}, message.error) : null,
-    message.streaming && !message.content && !message.reasoning ? h("div.typing", { "aria-label": "waiting for the reply" }, h("span"), h("span"), h("span")) : null,
+    message.streaming && message.prefill && !message.content && !message.reasoning ? prefillView(message.prefill) : null,
+    message.streaming && !message.prefill && !message.content && !message.reasoning ? h("div.typing", { "aria-label": "waiting for the reply" }, h("span"), h("span"), h("span")) : null,
     statsLine(message.stats),
+  );
+}
+
+/** A long prompt being read (prefilled) before the first token: how far the runner got. */
+function prefillView({ done, total }) {
+  return h(
+    "div.prefill",
+    {},
+    h("progress", { max: String(total), value: String(done), "aria-label": "prompt read so far" }),
+    h("span.muted", {}, `Reading the prompt: ${done} / ${total} tokens`),
   );
 }
 
@@ -213,13 +224,22 @@ export async function send(text) {
         if (chunk.error) throw new Error(chunk.error.message || "generation failed");
         reply.id ??= chunk.id;
         const delta = chunk.choices?.[0]?.delta;
-        if (delta?.content || delta?.reasoning_content) firstToken ??= performance.now();
+        if (delta?.content || delta?.reasoning_content) {
+          firstToken ??= performance.now();
+          delete reply.prefill;
+        }
         if (delta?.content) reply.content += delta.content;
         if (delta?.reasoning_content) reply.reasoning += delta.reasoning_content;
         if (chunk.usage) reply.stats = usageStats(chunk.usage, started, firstToken);
         redraw();
       },
       controller.signal,
+      (comment) => {
+        const progress = /^prefill (\d+)\/(\d+)$/.exec(comment);
+        if (!progress || firstToken) return;
+        reply.prefill = { done: Number(progress[1]), total: Number(progress[2]) };
+        redraw();
+      },
     );
   } catch (error) {
     if (!controller.signal.aborted) {
@@ -230,6 +250,7 @@ export async function send(text) {
     // Stopped: the stream ends early (abort cancels the reader) or the fetch rejects.
     if (controller.signal.aborted && !reply.error) reply.stats = { ...(reply.stats || {}), stopped: true };
     reply.streaming = false;
+    delete reply.prefill;
     if (!reply.stats?.completion_tokens && firstToken) {
       reply.stats = { ...(reply.stats || {}), ttft_s: (firstToken - started) / 1000 };
     }
