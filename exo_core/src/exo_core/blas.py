@@ -273,7 +273,7 @@ def find_fast_blas(env: Mapping[str, str] | None = None) -> Path | None:
 
 
 def blas_threads(env: Mapping[str, str] | None = None) -> int:
-    """BLAS threads for a runner: EXO_BLAS_THREADS, else all cores but one.
+    """BLAS threads for a runner: EXO_BLAS_THREADS, else all usable cores but one.
 
     OpenBLAS threads busy-wait between calls; when they compete for cores (with MLX's own
     threads, the node, anything else) decode collapses: measured on 2 busy cores, decode fell
@@ -282,7 +282,16 @@ def blas_threads(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if value := env.get("EXO_BLAS_THREADS", "").strip():
         return max(1, int(value))
-    return max(1, (os.cpu_count() or 1) - 1)
+    return max(1, usable_cores() - 1)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask (a container or taskset may allow
+    fewer than the machine has), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def runner_env(base_env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,5 +1,8 @@
 """Loading a model in the runner: mlx-lm, float32 on the CPU, dense weights when they pay.
 
+On the CPU a quantized model keeps its 4/8-bit weights when exo's kernels are built and handle
+every quantized layer (`cpu_kernels`); otherwise a small model is dequantized to dense fp32.
+
 The weights are loaded lazily. A pipeline rank keeps only its layers (plus the embedding or the
 head where it needs them) before anything is read; a tensor rank shards every layer and keeps
 only its slices. Evaluation then reads just what the rank kept.
@@ -17,6 +20,7 @@ import psutil
 from loguru import logger
 
 from exo_engine_mlx.blas import dequantize_model, loaded_blas, should_dequantize
+from exo_engine_mlx.cpu_kernels import kernel_ready, kernels_requested, simd, use_kernels
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,11 @@ def _upcast(model: nn.Module) -> None:
     model.apply(lambda x: x.astype(mx.float32) if x.dtype in half else x)
 
 
+def _quantized_kernels(model: nn.Module) -> bool:
+    """Whether to keep the weights quantized and run exo's CPU kernels on them."""
+    return mx.default_device() == mx.cpu and kernels_requested() and kernel_ready(model)
+
+
 def _dense(model_dir: str) -> bool:
     """Whether to run dense float32 weights (the CPU, with a small quantized model)."""
     return mx.default_device() == mx.cpu and should_dequantize(
@@ -44,11 +53,14 @@ def _dense(model_dir: str) -> bool:
     )
 
 
-def _for_device(model: nn.Module, dense: bool) -> None:
+def _for_device(model: nn.Module, dense: bool, quantized_kernels: bool) -> None:
     if mx.default_device() != mx.cpu:
         return
     _upcast(model)
-    if dense:
+    if quantized_kernels:
+        switched = use_kernels(model)
+        logger.info(f"quantized weights on exo's CPU kernels: {switched} layers ({simd()})")
+    elif dense:
         replaced = dequantize_model(model)
         logger.info(f"dense fp32 weights: dequantized {replaced} layers")
     logger.info(f"BLAS in this runner: {loaded_blas() or 'bundled reference BLAS'}")
@@ -70,7 +82,8 @@ def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any
     from mlx_lm import load
 
     model, tokenizer = load(model_dir, lazy=True)[:2]
-    dense = _dense(model_dir)
+    quantized_kernels = _quantized_kernels(model)
+    dense = not quantized_kernels and _dense(model_dir)
     if shard is not None and shard.sharding == "pipeline":
         from exo_engine_mlx.distributed.pipeline import split_pipeline
 
@@ -85,7 +98,7 @@ def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any
         shard_tensor(model, shard.group)
         if dense:
             dequantize_sharded(model)
-    _for_device(model, dense)
+    _for_device(model, dense, quantized_kernels)
     _eval_by_layer(model)
     # Full tensors read only to be sliced are free now: give them back, not to MLX's cache.
     mx.clear_cache()

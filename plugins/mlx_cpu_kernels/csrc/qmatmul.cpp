@@ -1,0 +1,583 @@
+// A multi-threaded, vectorised quantized matmul for MLX's CPU backend.
+//
+// out[m, n] = sum_k x[m, k] * W[n, k] with W in MLX's affine layout: packed uint32 words
+// (element i of a row at bits (i % per_word) * bits of word i / per_word), one scale and one
+// bias per group of `group_size` elements: W = scale * q + bias. This is x @ W.T, what
+// nn.QuantizedLinear computes.
+//
+// Per group g of row n:  scale[n,g] * dot(q, x_g) + bias[n,g] * sum(x_g).
+// The sums of x per group are computed once per call; the integer weights of a group are
+// expanded once into an L1 buffer and reused by every row of x (8 streams decode as one
+// call with 8 rows). Rows of W are split over a small thread pool. AVX2+FMA is chosen at run
+// time (__builtin_cpu_supports); the scalar path does the same arithmetic elsewhere.
+
+#include <nanobind/nanobind.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define EXO_X86 1
+#endif
+
+namespace nb = nanobind;
+namespace mx = mlx::core;
+
+namespace {
+
+struct Problem {
+  const float* x;         // [M, K]
+  const uint32_t* w;      // [N, K * bits / 32]
+  const float* scales;    // [N, G]
+  const float* biases;    // [N, G]
+  float* out;             // [M, N]
+  const float* xsum;      // [M, G]
+  const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
+  int64_t M, N, K, G;
+  int group_size, bits;
+  bool dequantize = false;  // write W itself (float32 [N, K]) to `out` instead of x @ W.T
+};
+
+// Rows of x handled together: their accumulators stay in registers.
+constexpr int kRowBlock = 8;
+
+// ---------------------------------------------------------------- portable path
+
+void rows_scalar(const Problem& p, int64_t n0, int64_t n1) {
+  const int per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  const int64_t words_per_row = p.K / per_word;
+  std::vector<float> q(p.group_size);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + n * words_per_row;
+    for (int64_t m = 0; m < p.M; ++m) {
+      const float* xr = p.x + m * p.K;
+      float total = 0.0f;
+      for (int64_t g = 0; g < p.G; ++g) {
+        float dot = 0.0f;
+        for (int i = 0; i < p.group_size; ++i) {
+          int64_t k = g * p.group_size + i;
+          uint32_t word = wr[k / per_word];
+          float v = static_cast<float>((word >> ((k % per_word) * p.bits)) & mask);
+          dot += v * xr[k];
+        }
+        total += p.scales[n * p.G + g] * dot + p.biases[n * p.G + g] * p.xsum[m * p.G + g];
+      }
+      p.out[m * p.N + n] = total;
+    }
+  }
+}
+
+void dequantize_scalar(const Problem& p, int64_t n0, int64_t n1) {
+  const int per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + n * (p.K / per_word);
+    for (int64_t k = 0; k < p.K; ++k) {
+      const int64_t g = n * p.G + k / p.group_size;
+      float v = static_cast<float>((wr[k / per_word] >> ((k % per_word) * p.bits)) & mask);
+      p.out[n * p.K + k] = p.scales[g] * v + p.biases[g];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- AVX2 + FMA path
+
+#ifdef EXO_X86
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  __m128 hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+
+// The integer weights of one group, expanded to floats (8 per vector), into `q`.
+__attribute__((target("avx2,fma"))) inline void expand_group(
+    const uint32_t* words, int group_size, int bits, float* q) {
+  if (bits == 4) {
+    const __m256i shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m256i mask = _mm256_set1_epi32(0xF);
+    for (int j = 0; j < group_size / 8; ++j) {
+      __m256i v = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(words[j])), shifts);
+      _mm256_store_ps(q + 8 * j, _mm256_cvtepi32_ps(_mm256_and_si256(v, mask)));
+    }
+  } else {  // 8 bits: little-endian bytes are the elements in order
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(words);
+    for (int j = 0; j < group_size / 8; ++j) {
+      __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * j));
+      _mm256_store_ps(q + 8 * j, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)));
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t words_per_group = p.group_size * p.bits / 32;
+  const int64_t words_per_row = p.G * words_per_group;
+  const int vecs = p.group_size / 8;
+  alignas(32) float q[128];
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + n * words_per_row;
+    const float* sr = p.scales + n * p.G;
+    const float* br = p.biases + n * p.G;
+    for (int64_t m0 = 0; m0 < p.M; m0 += kRowBlock) {
+      const int rows = static_cast<int>(std::min<int64_t>(kRowBlock, p.M - m0));
+      __m256 total[kRowBlock];
+      for (int r = 0; r < rows; ++r) total[r] = _mm256_setzero_ps();
+      for (int64_t g = 0; g < p.G; ++g) {
+        expand_group(wr + g * words_per_group, p.group_size, p.bits, q);
+        const __m256 scale = _mm256_set1_ps(sr[g]);
+        for (int r = 0; r < rows; ++r) {
+          const float* xg = p.x + (m0 + r) * p.K + g * p.group_size;
+          __m256 a0 = _mm256_setzero_ps();
+          __m256 a1 = _mm256_setzero_ps();
+          int j = 0;
+          for (; j + 1 < vecs; j += 2) {
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(q + 8 * j), _mm256_loadu_ps(xg + 8 * j), a0);
+            a1 = _mm256_fmadd_ps(
+                _mm256_load_ps(q + 8 * j + 8), _mm256_loadu_ps(xg + 8 * j + 8), a1);
+          }
+          for (; j < vecs; ++j)
+            a0 = _mm256_fmadd_ps(_mm256_load_ps(q + 8 * j), _mm256_loadu_ps(xg + 8 * j), a0);
+          total[r] = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), scale, total[r]);
+        }
+      }
+      for (int r = 0; r < rows; ++r) {
+        const float* xs = p.xsum + (m0 + r) * p.G;
+        float bias_term = 0.0f;
+        for (int64_t g = 0; g < p.G; ++g) bias_term += br[g] * xs[g];
+        p.out[(m0 + r) * p.N + n] = hsum(total[r]) + bias_term;
+      }
+    }
+  }
+}
+#endif
+
+#ifdef EXO_X86
+// 4 bits, straight from the packed words: 4 words (32 elements) are put in both halves of a
+// vector, the upper half shifted by 4; shifting by 0, 8, 16, 24 then gives 8 elements per
+// step: lane w = element 8w + 2t, lane 4 + w = element 8w + 2t + 1 (t = 0..3). x is permuted
+// once per call to that order (`permute_x`), so no shuffles are needed per weight.
+void permute_x(const float* x, float* xp, int64_t count) {
+  for (int64_t b = 0; b < count / 32; ++b) {
+    const float* src = x + 32 * b;
+    float* dst = xp + 32 * b;
+    for (int t = 0; t < 4; ++t)
+      for (int w = 0; w < 4; ++w) {
+        dst[8 * t + w] = src[8 * w + 2 * t];
+        dst[8 * t + 4 + w] = src[8 * w + 2 * t + 1];
+      }
+  }
+}
+
+// R rows of x at once, R a compile-time constant so the accumulators live in registers.
+template <int R>
+__attribute__((target("avx2,fma"))) inline void q4_rows_block(
+    const Problem& p, int64_t n, int64_t m0) {
+  const uint32_t* wr = p.w + n * (p.K / 8);
+  const float* sr = p.scales + n * p.G;
+  const int blocks = p.group_size / 32;
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  __m256 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m256 a[R], b[R];
+    for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
+    for (int blk = 0; blk < blocks; ++blk) {
+      const int64_t first = g * p.group_size + 32 * blk;
+      __m128i w4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + first / 8));
+      __m256i v = _mm256_set_m128i(_mm_srli_epi32(w4, 4), w4);
+      __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+      __m256 q1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8), mask));
+      __m256 q2 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 16), mask));
+      __m256 q3 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 24), mask));
+      for (int r = 0; r < R; ++r) {
+        const float* xr = p.xp + (m0 + r) * p.K + first;
+        a[r] = _mm256_fmadd_ps(q0, _mm256_loadu_ps(xr), a[r]);
+        b[r] = _mm256_fmadd_ps(q1, _mm256_loadu_ps(xr + 8), b[r]);
+        a[r] = _mm256_fmadd_ps(q2, _mm256_loadu_ps(xr + 16), a[r]);
+        b[r] = _mm256_fmadd_ps(q3, _mm256_loadu_ps(xr + 24), b[r]);
+      }
+    }
+    const __m256 scale = _mm256_set1_ps(sr[g]);
+    for (int r = 0; r < R; ++r)
+      total[r] = _mm256_fmadd_ps(_mm256_add_ps(a[r], b[r]), scale, total[r]);
+  }
+  const float* br = p.biases + n * p.G;
+  for (int r = 0; r < R; ++r) {
+    const float* xs = p.xsum + (m0 + r) * p.G;
+    float bias_term = 0.0f;
+    for (int64_t g = 0; g < p.G; ++g) bias_term += br[g] * xs[g];
+    p.out[(m0 + r) * p.N + n] = hsum(total[r]) + bias_term;
+  }
+}
+
+__attribute__((target("avx2,fma"))) void rows_avx2_q4(const Problem& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m0 = 0;
+    for (; m0 + 4 <= p.M; m0 += 4) q4_rows_block<4>(p, n, m0);
+    switch (p.M - m0) {
+      case 3: q4_rows_block<3>(p, n, m0); break;
+      case 2: q4_rows_block<2>(p, n, m0); break;
+      case 1: q4_rows_block<1>(p, n, m0); break;
+      default: break;
+    }
+  }
+}
+
+__attribute__((target("avx2,fma"))) void dequantize_avx2(
+    const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t words_per_group = p.group_size * p.bits / 32;
+  alignas(32) float q[128];
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t g = 0; g < p.G; ++g) {
+      expand_group(p.w + (n * p.G + g) * words_per_group, p.group_size, p.bits, q);
+      const __m256 scale = _mm256_set1_ps(p.scales[n * p.G + g]);
+      const __m256 bias = _mm256_set1_ps(p.biases[n * p.G + g]);
+      float* dst = p.out + n * p.K + g * p.group_size;
+      for (int j = 0; j < p.group_size / 8; ++j)
+        _mm256_storeu_ps(dst + 8 * j, _mm256_fmadd_ps(_mm256_load_ps(q + 8 * j), scale, bias));
+    }
+  }
+}
+#endif
+
+// Tests force the portable path to check it on machines that have AVX2.
+std::atomic<bool> g_portable{false};
+
+bool has_avx2() {
+#ifdef EXO_X86
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok && !g_portable.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+void rows(const Problem& p, int64_t n0, int64_t n1) {
+#ifdef EXO_X86
+  if (has_avx2()) {
+    if (p.dequantize)
+      dequantize_avx2(p, n0, n1);
+    else if (p.bits == 4 && p.xp != nullptr)
+      rows_avx2_q4(p, n0, n1);
+    else
+      rows_avx2(p, n0, n1);
+    return;
+  }
+#endif
+  p.dequantize ? dequantize_scalar(p, n0, n1) : rows_scalar(p, n0, n1);
+}
+
+// ---------------------------------------------------------------- the thread pool
+//
+// The calling thread takes chunks of rows itself and waits only for chunks a worker has
+// started: a worker that wakes late (a busy machine) finds nothing left and the call does not
+// wait for it. OpenMP's barrier waited for every thread to arrive, which on a loaded 2-core
+// machine cost a scheduler time slice per matmul.
+
+struct Job {
+  Problem p;
+  int64_t chunk = 1;
+  int64_t chunks = 0;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+
+  void work() {
+    for (int64_t c; (c = next.fetch_add(1)) < chunks;) {
+      const int64_t n0 = c * chunk;
+      rows(p, n0, std::min(p.N, n0 + chunk));
+      done.fetch_add(1, std::memory_order_release);
+    }
+  }
+};
+
+class Pool {
+ public:
+  void resize(int threads) {
+    std::lock_guard<std::mutex> submit(submit_);
+    stop_workers();
+    stop_ = false;
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+  }
+
+  int size() const {
+    return static_cast<int>(workers_.size()) + 1;
+  }
+
+  void run(const Problem& p) {
+    std::unique_lock<std::mutex> submit(submit_, std::try_to_lock);
+    const int64_t work = p.N * p.K * std::max<int64_t>(1, p.M);
+    // Small matrices, no workers, or another stream's call in flight: run here.
+    if (!submit.owns_lock() || workers_.empty() || work < (1 << 16)) {
+      rows(p, 0, p.N);
+      return;
+    }
+    auto job = std::make_shared<Job>();
+    job->p = p;
+    job->chunk = std::max<int64_t>(1, (p.N + size() * 8 - 1) / (size() * 8));
+    job->chunks = (p.N + job->chunk - 1) / job->chunk;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = job;
+      ++generation_;
+    }
+    wake_.notify_all();
+    job->work();
+    while (job->done.load(std::memory_order_acquire) < job->chunks) std::this_thread::yield();
+  }
+
+  ~Pool() {
+    stop_workers();
+  }
+
+ private:
+  void stop_workers() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        // Spin briefly (back-to-back matmuls of one decode step), then sleep.
+        auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+        while (generation_.load() == seen && std::chrono::steady_clock::now() < until) {
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load() != seen; });
+        seen = generation_.load();
+        if (stop_) return;
+        job = job_;
+      }
+      if (job) job->work();
+    }
+  }
+
+  std::mutex submit_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::vector<std::thread> workers_;
+  std::shared_ptr<Job> job_;
+  std::atomic<uint64_t> generation_{0};
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool instance;
+  return instance;
+}
+
+void run(const Problem& p) {
+  pool().run(p);
+}
+
+// ---------------------------------------------------------------- the MLX primitive
+
+class QuantizedMatmulCPU : public mx::Primitive {
+ public:
+  QuantizedMatmulCPU(mx::Stream stream, int group_size, int bits, bool dequantize)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits), dequantize_(dequantize) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const auto& x = inputs[0];
+    const auto& w = inputs[1];
+    const auto& scales = inputs[2];
+    const auto& biases = inputs[3];
+    auto& out = outputs[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+
+    Problem p{};
+    p.dequantize = dequantize_;
+    p.K = dequantize_ ? w.shape(1) * 32 / bits_ : x.shape(-1);
+    p.M = dequantize_ ? 0 : x.size() / p.K;
+    p.N = w.shape(0);
+    p.G = p.K / group_size_;
+    p.group_size = group_size_;
+    p.bits = bits_;
+    p.x = x.data<float>();
+    p.w = w.data<uint32_t>();
+    p.scales = scales.data<float>();
+    p.biases = biases.data<float>();
+    p.out = out.data<float>();
+
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    encoder.set_input_array(x);
+    encoder.set_input_array(w);
+    encoder.set_input_array(scales);
+    encoder.set_input_array(biases);
+    encoder.set_output_array(out);
+    encoder.dispatch([p]() mutable {
+      if (p.dequantize) {
+        run(p);
+        return;
+      }
+      std::vector<float> xsum(p.M * p.G);
+      for (int64_t m = 0; m < p.M; ++m)
+        for (int64_t g = 0; g < p.G; ++g) {
+          const float* xg = p.x + m * p.K + g * p.group_size;
+          float s = 0.0f;
+          for (int i = 0; i < p.group_size; ++i) s += xg[i];
+          xsum[m * p.G + g] = s;
+        }
+      p.xsum = xsum.data();
+      std::vector<float> xp;
+#ifdef EXO_X86
+      if (p.bits == 4 && has_avx2()) {
+        xp.resize(p.M * p.K);
+        permute_x(p.x, xp.data(), p.M * p.K);
+        p.xp = xp.data();
+      }
+#endif
+      run(p);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error("exo_mlx_cpu_kernels: quantized_matmul runs on the CPU only");
+  }
+
+  const char* name() const override {
+    return dequantize_ ? "ExoDequantizeCPU" : "ExoQuantizedMatmulCPU";
+  }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto* o = dynamic_cast<const QuantizedMatmulCPU*>(&other);
+    return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
+        o->dequantize_ == dequantize_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    if (dequantize_) return {{inputs[1].shape(0), inputs[1].shape(1) * 32 / bits_}};
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+  bool dequantize_;
+};
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (w.ndim() != 2 || w.dtype() != mx::uint32)
+    throw std::invalid_argument("w must be a 2-D uint32 array");
+  if (x.ndim() < 1) throw std::invalid_argument("x must have at least one dimension");
+  const int64_t K = x.shape(-1);
+  const int64_t N = w.shape(0);
+  if (K % group_size != 0 || w.shape(1) * 32 / bits != K)
+    throw std::invalid_argument("x's last dimension does not match the packed weights");
+  const int64_t G = K / group_size;
+  if (scales.ndim() != 2 || scales.shape(0) != N || scales.shape(1) != G ||
+      biases.shape() != scales.shape())
+    throw std::invalid_argument("scales and biases must be [N, K / group_size]");
+
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto f32 = [&](const mx::array& a) {
+    return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
+  };
+  mx::Shape out_shape = x.shape();
+  out_shape.back() = static_cast<int>(N);
+  return mx::array(
+      out_shape,
+      mx::float32,
+      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, false),
+      {f32(x), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
+}
+
+mx::array dequantize(
+    const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    throw std::invalid_argument("group_size must be 32, 64 or 128");
+  if (w.ndim() != 2 || w.dtype() != mx::uint32)
+    throw std::invalid_argument("w must be a 2-D uint32 array");
+  const int64_t N = w.shape(0);
+  const int64_t K = w.shape(1) * 32 / bits;
+  if (K % group_size != 0 || scales.ndim() != 2 || scales.shape(0) != N ||
+      scales.shape(1) != K / group_size || biases.shape() != scales.shape())
+    throw std::invalid_argument("scales and biases must be [N, K / group_size]");
+  auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
+  auto f32 = [&](const mx::array& a) {
+    return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
+  };
+  // The first input is unused by the dequantize path; `scales` stands in for it.
+  return mx::array(
+      {static_cast<int>(N), static_cast<int>(K)},
+      mx::float32,
+      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, true),
+      {f32(scales), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "Vectorised, multi-threaded affine quantized matmul for MLX on the CPU";
+  m.def(
+      "quantized_matmul",
+      &quantized_matmul,
+      nb::arg("x"),
+      nb::arg("w"),
+      nb::arg("scales"),
+      nb::arg("biases"),
+      nb::arg("group_size"),
+      nb::arg("bits"),
+      "x @ dequantize(w, scales, biases).T for MLX affine 4/8-bit weights, as float32.");
+  m.def(
+      "dequantize",
+      &dequantize,
+      nb::arg("w"),
+      nb::arg("scales"),
+      nb::arg("biases"),
+      nb::arg("group_size"),
+      nb::arg("bits"),
+      "dequantize(w, scales, biases) as float32 [N, K], vectorised and multi-threaded.");
+  m.def(
+      "set_num_threads",
+      [](int n) { pool().resize(std::max(1, n)); },
+      nb::arg("n"),
+      "Threads the kernel uses (the runner sets it from the cores it may use).");
+  m.def("num_threads", []() { return pool().size(); });
+  m.def(
+      "force_portable",
+      [](bool on) { g_portable = on; },
+      nb::arg("on"),
+      "Use the portable path even where AVX2 is present (for tests).");
+  m.def("simd", []() { return has_avx2() ? "avx2+fma" : "portable"; });
+}

@@ -1,0 +1,80 @@
+"""The kernels against MLX's own dequantize + matmul on random weights.
+
+Tolerance: float32 sums in another order; the error stays below 1e-5 of the largest output
+(measured ~1e-6), asserted as rtol 1e-4 / atol 1e-3 on outputs of magnitude ~10-100.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import exo_mlx_cpu_kernels as kernels
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason=f"kernels not built: {kernels.UNAVAILABLE_REASON}"
+)
+
+
+@pytest.fixture(params=["simd", "portable"])
+def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    kernels.force_portable(request.param == "portable")
+    yield request.param
+    kernels.force_portable(False)
+
+
+def _quantized(n: int, k: int, group_size: int, bits: int) -> tuple[mx.array, ...]:
+    w = mx.random.normal((n, k), key=mx.random.key(n * k + bits))
+    return mx.quantize(w, group_size=group_size, bits=bits)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_matches_dequantize_matmul(path: str, bits: int, group_size: int, rows: int) -> None:
+    wq, scales, biases = _quantized(200, 384, group_size, bits)
+    x = mx.random.normal((rows, 384), key=mx.random.key(rows))
+    expected = x @ mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits).T
+    got = kernels.quantized_matmul(x, wq, scales, biases, group_size, bits)
+    assert got.dtype == mx.float32 and got.shape == (rows, 200)
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_dequantize_matches_mlx(path: str, bits: int) -> None:
+    wq, scales, biases = _quantized(96, 256, 64, bits)
+    expected = mx.dequantize(wq, scales, biases, group_size=64, bits=bits)
+    got = kernels.dequantize(wq, scales, biases, 64, bits)
+    np.testing.assert_allclose(np.array(got), np.array(expected), rtol=1e-6, atol=1e-5)
+
+
+def test_batch_dims_half_scales_and_threads() -> None:
+    """Leading dims are kept; fp16 scales and a transposed x are handled; threads agree."""
+    wq, scales, biases = _quantized(4096, 256, 32, 4)
+    x = mx.random.normal((256, 6), key=mx.random.key(1)).T.reshape(2, 3, 256)
+    expected = x @ mx.dequantize(wq, scales, biases, group_size=32, bits=4).T
+    outs = []
+    for threads in (1, 3):
+        kernels.set_num_threads(threads)
+        outs.append(np.array(kernels.quantized_matmul(x, wq, scales, biases, 32, 4)))
+    kernels.set_num_threads(kernels.usable_cores())
+    assert outs[0].shape == (2, 3, 4096)
+    np.testing.assert_array_equal(outs[0], outs[1])  # rows are split, never a sum
+    np.testing.assert_allclose(outs[0], np.array(expected), rtol=1e-4, atol=1e-3)
+    half = kernels.quantized_matmul(
+        x, wq, scales.astype(mx.float16), biases.astype(mx.float16), 32, 4
+    )
+    assert half.dtype == mx.float32
+
+
+@pytest.mark.parametrize(
+    ("k", "group_size", "bits", "message"),
+    [(384, 48, 4, "group_size"), (384, 32, 3, "bits"), (256, 32, 4, "last dimension")],
+)
+def test_bad_arguments_raise(k: int, group_size: int, bits: int, message: str) -> None:
+    wq, scales, biases = _quantized(8, 384, 32, 4)
+    with pytest.raises(ValueError, match=message):
+        kernels.quantized_matmul(mx.zeros((1, k)), wq, scales, biases, group_size, bits)
