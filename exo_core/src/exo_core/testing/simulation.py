@@ -12,14 +12,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from unittest import mock
 
 import anyio
+import msgspec
 from anyio.abc import TaskGroup
 
 from exo_core.config import NodeConfig
 from exo_core.election import ElectionTiming
+from exo_core.ids import ModelId, RunnerId
 from exo_core.node import Node
 from exo_core.plugin_host import load_plugins
+from exo_core.state import NodeResources
+from exo_core.telemetry import gather_resources
 from exo_core.testing.harness import converged
 from exo_core.testing.virtual_time import virtual_time_options
 from exo_core.transport.memory import MemoryNetwork
@@ -182,8 +187,21 @@ async def sim_cluster(
 
 
 def run_simulation(body: Callable[[], Awaitable[T]]) -> T:
-    """Run `body` in virtual time."""
-    return anyio.run(body, backend="asyncio", backend_options=virtual_time_options())
+    """Run `body` in virtual time, with every node reading the same fixed resources: the
+    machine's real free memory and disk move with whatever else runs on it, and a move is
+    news that telemetry commits, so a seed would not replay the same log."""
+    fixed = gather_resources("/", ())
+
+    def steady(
+        disk_path: str,
+        engines: tuple[str, ...],
+        serves: tuple[ModelId, ...] | None = None,
+        runner_pids: dict[RunnerId, int] | None = None,
+    ) -> NodeResources:
+        return msgspec.structs.replace(fixed, engines=engines, serves=serves, cpu_percent=0.0)
+
+    with mock.patch("exo_core.node.gather_resources", steady):
+        return anyio.run(body, backend="asyncio", backend_options=virtual_time_options())
 
 
 __all__ = [
