@@ -41,7 +41,8 @@ def test_placing_an_instance_downloads_the_model(hub: HubStandIn, tmp_path: Path
 def test_offline_node_fails_the_runner_not_the_node(hub: HubStandIn, tmp_path: Path) -> None:
     plugins = [download_plugin, HubEnginePlugin()]
     with running_node(tmp_path / "node", plugins, offline=True) as node:
-        node.call(node.node.send_command, AddModelCard(card=card()))
+        # As `/models/add` would add it (offline, the route itself refuses): a custom card.
+        node.call(node.node.send_command, AddModelCard(card=card(custom=True)))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
         wait(lambda: RunnerStatus.FAILED in runner_statuses(node))
