@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from exo_core.testing.processes import exo_processes, wait_until
+from exo_core.testing.processes import ExoProcess, exo_processes, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,16 @@ def same_state(nodes) -> bool:  # type: ignore[no-untyped-def]
 
 
 def test_master_killed_then_a_new_one_and_the_instance_keeps_serving(tmp_path: Path) -> None:
-    # Node 0 is master (forced) and runs no models, so the instance lands on a survivor.
-    with exo_processes(tmp_path, 3, extra_args=[["--force-master", "--no-worker"]]) as nodes:
+    # Node 0 is master (forced) and runs no models, so the instance lands on a survivor. It
+    # becomes master before the others start: two nodes that started together could elect
+    # each other before they hear node 0 (a working master is never deposed, forced or not).
+    def master_first(node: ExoProcess) -> None:
+        if node.index == 0:
+            wait_until(lambda: node.get("/healthz")["master"] is not None, timeout=60)
+
+    with exo_processes(
+        tmp_path, 3, extra_args=[["--force-master", "--no-worker"]], after_start=master_first
+    ) as nodes:
         wait_until(lambda: all(len(n.state()["nodes"]) == 3 for n in nodes), timeout=90)
         wait_until(
             lambda: all(

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,11 @@ def exo_processes(
     extra_args: Sequence[Sequence[str]] = (),
     env: dict[str, str] | None = None,
     namespace: str = "test-cluster",
+    after_start: Callable[[ExoProcess], None] | None = None,
 ) -> Iterator[list[ExoProcess]]:
+    """`count` exo processes over libp2p on loopback, each bootstrapped to the ones before it.
+    `after_start` is called with each node once it is started, before the next one starts
+    (e.g. to let a node become master before the others join)."""
     nodes: list[ExoProcess] = []
     try:
         for i in range(count):
@@ -109,6 +113,8 @@ def exo_processes(
             node = ExoProcess(i, api_port, libp2p_port, data, args, root / f"node{i}.log")
             node.start(env)
             nodes.append(node)
+            if after_start is not None:
+                after_start(node)
         yield nodes
     finally:
         for node in nodes:

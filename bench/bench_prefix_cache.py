@@ -1,0 +1,107 @@
+"""When is reusing a stored prefix worth it? The prefix cache's reuse rule, measured.
+
+    uv run python bench/bench_prefix_cache.py [--lengths 256 1024 2048]
+
+On the embedded SmolLM2, in a process with a runner's environment (its BLAS and kernels), for
+prompts of each length P and a stored prefix of n tokens, prints side by side:
+  * fresh: prefill all P tokens into a new cache;
+  * reused: `PrefixCache.lookup` (a private copy of the stored cache) plus prefilling the
+    P - n tokens left;
+  * copy: the lookup alone (the cost reuse adds);
+and the ratio fresh / reused. The engine reuses any stored prefix of at least
+`PrefixCache.min_tokens` tokens: the row with the smallest n says whether that threshold pays.
+Never asserts on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = """
+import json, random, sys, time
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+from exo_engine_mlx.loading import load_model
+from exo_engine_mlx.prefix_cache import PrefixCache
+
+model_dir, lengths = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+model, _ = load_model(model_dir)
+rng = random.Random(0)
+STEP = 512
+
+def prefill(tokens, cache):
+    for i in range(0, len(tokens), STEP):
+        logits = model(mx.array(tokens[i : i + STEP])[None], cache=cache)
+        mx.eval(logits, [c.state for c in cache])
+
+def best(run, reps=3):
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+prefill([1, 2, 3, 4], make_prompt_cache(model))  # warm up
+rows = []
+for length in lengths:
+    tokens = [rng.randrange(1000, 40000) for _ in range(length)]
+    fresh = best(lambda: prefill(tokens, make_prompt_cache(model)))
+    for n in sorted({8, 32, length // 4, length // 2, 3 * length // 4, length - 8}):
+        stored = make_prompt_cache(model)
+        prefill(tokens[:n], stored)
+        cache = PrefixCache(budget_bytes=1 << 34, min_tokens=1)
+        cache.store(tokens[:n], stored)
+        copy = best(lambda: cache.lookup(tokens))
+
+        def reuse():
+            hit, got = cache.lookup(tokens)
+            assert hit is not None and got == n
+            prefill(tokens[n:], hit)
+
+        rows.append({"length": length, "n": n, "fresh": fresh, "reused": best(reuse), "copy": copy})
+print(json.dumps(rows))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
+    args = parser.parse_args()
+
+    from exo_engine_mlx.blas import find_fast_blas, runner_env
+    from exo_engine_mlx.embedded import ensure_embedded_model
+    from exo_engine_mlx.prefix_cache import PrefixCache
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = ensure_embedded_model(Path(tmp) / "models")
+        lengths = ",".join(str(n) for n in args.lengths)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(model_dir), lengths],
+            env=runner_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    threshold = PrefixCache(budget_bytes=0).min_tokens
+    print(f"SmolLM2-135M, BLAS={find_fast_blas() or 'bundled'}, best of 3, seconds")
+    print(f"the engine reuses a stored prefix of >= {threshold} tokens\n")
+    print(
+        f"{'prompt':>7} {'stored':>7} {'fresh':>8} {'reused':>8} {'copy':>8} {'fresh/reused':>13}"
+    )
+    for r in rows:
+        ratio = r["fresh"] / r["reused"]
+        print(
+            f"{r['length']:>7} {r['n']:>7} {r['fresh']:>8.3f} {r['reused']:>8.3f} "
+            f"{r['copy']:>8.4f} {ratio:>12.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()
