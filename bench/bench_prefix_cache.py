@@ -1,6 +1,6 @@
 """When is reusing a stored prefix worth it? The prefix cache's reuse rule, measured.
 
-    uv run python bench/bench_prefix_cache.py [--lengths 256 1024 2048]
+    uv run python bench/bench_prefix_cache.py [--lengths 128 512]
 
 On the embedded SmolLM2, in a process with a runner's environment (its BLAS and kernels), for
 prompts of each length P and a stored prefix of n tokens, prints side by side:
@@ -71,7 +71,7 @@ print(json.dumps(rows))
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--lengths", type=int, nargs="+", default=[256, 1024, 2048])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     args = parser.parse_args()
 
     from exo_engine_mlx.blas import find_fast_blas, runner_env
