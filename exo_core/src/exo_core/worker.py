@@ -268,20 +268,8 @@ class Worker:
         engine = self._engine_for(card)
         if engine is not None and not engine.needs_download:
             return await engine.prepare_model(card, self._models_dir) or self._models_dir
-        if self._downloader is None:
-            raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
-        found = self._downloader.find_local(card)
-        if found is not None:
-            self._report_complete(card, found)
-            return found
-
-        def progress(p: DownloadProgress) -> None:
-            self.report(
-                DownloadProgressed(progress=msgspec.structs.replace(p, node_id=self.node_id))
-            )
-
         try:
-            path = await self._downloader.ensure(card, progress)
+            path = await self._fetch(card)
         except DownloadFailed as e:
             failed = DownloadProgress(
                 node_id=self.node_id,
@@ -293,6 +281,25 @@ class Worker:
             raise
         self._report_complete(card, path)
         return path
+
+    async def _fetch(self, card: ModelCard, starting: Callable[[], None] = lambda: None) -> Path:
+        """The model's local copy, found (reported complete) or downloaded (`starting` is
+        called first; the downloader's progress is reported as this node's)."""
+        if self._downloader is None:
+            raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
+        found = self._downloader.find_local(card)
+        if found is not None:
+            self._report_complete(card, found)
+            return found
+        starting()
+
+        def progress(p: DownloadProgress) -> None:
+            # Progress always names this node, whatever the downloader knows of it.
+            self.report(
+                DownloadProgressed(progress=msgspec.structs.replace(p, node_id=self.node_id))
+            )
+
+        return await self._downloader.ensure(card, progress)
 
     # -- runners ------------------------------------------------------------------------------
 
@@ -309,21 +316,7 @@ class Worker:
             return own
         if not engine.needs_download:
             return self._models_dir
-        if self._downloader is None:
-            raise DownloadFailed(f"no downloader is installed to fetch {card.model_id}")
-        found = self._downloader.find_local(card)
-        if found is not None:
-            self._report_complete(card, found)
-            return found
-        self._set_status(local, RunnerStatus.DOWNLOADING)
-
-        def progress(p: DownloadProgress) -> None:
-            # Progress always names this node, whatever the downloader knows of it.
-            self.report(
-                DownloadProgressed(progress=msgspec.structs.replace(p, node_id=self.node_id))
-            )
-
-        return await self._downloader.ensure(card, progress)
+        return await self._fetch(card, lambda: self._set_status(local, RunnerStatus.DOWNLOADING))
 
     async def _supervise(self, local: _Local) -> None:
         instance_id = local.instance.instance_id
