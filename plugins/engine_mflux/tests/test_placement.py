@@ -1,4 +1,5 @@
-"""Where image models go: one node with the image engine and room for every component."""
+"""Where image models go: one node with the image engine and room for every component, or
+the transformer split over several (min_nodes > 1, or no node holds it alone)."""
 
 from __future__ import annotations
 
@@ -61,7 +62,8 @@ def test_only_nodes_with_the_image_engine_and_room_are_offered() -> None:
     [
         ((_node("a", 30),), {}, "not enough free memory"),
         ((_node("a", 500, engines=("mlx",)),), {}, "no node runs the image engine"),
-        ((_node("a", 500), _node("b", 500)), {"min_nodes": 2}, "not supported yet"),
+        ((_node("a", 500), _node("b", 500)), {"min_nodes": 3}, "min_nodes=3 but 2 node"),
+        ((_node("a", 40), _node("b", 40)), {}, "every node still holds the encoders"),
         ((_node("a", 500),), {"sharding": "tensor"}, "no tensor parallel"),
     ],
 )
@@ -81,10 +83,35 @@ def test_families_the_engine_cannot_run_are_refused() -> None:
         place_image_model(card, _request(card), _state(_node("a", 500)))
 
 
-def test_the_engine_refuses_splits_too() -> None:
+def _transformer_blocks(option_shares: object) -> list[tuple[int, int]]:
+    return [(s.start_layer, s.end_layer) for s in option_shares]  # type: ignore[attr-defined]
+
+
+def test_min_nodes_splits_the_transformer_and_every_rank_holds_the_rest() -> None:
+    card = _schnell()
+    state = _state(_node("a", 500), _node("b", 300), _node("c", 400, engines=("mlx",)))
+    (option,) = place_image_model(card, _request(card, min_nodes=2), state)
+    assert option.sharding == "pipeline"
+    assert option.node_ids == (NodeId("a"), NodeId("b"))
+    blocks = _transformer_blocks(option.shares)
+    assert blocks[0][0] == 0 and blocks[-1][1] == 57 and blocks[0][1] == blocks[1][0]
+    assert blocks[0][1] > 57 // 2  # more free memory, more blocks
+    rest = 2 * sum(c.storage_size_bytes for c in card.components if c.name != "transformer")
+    assert all(rest < s.memory_bytes < memory_needed(card) for s in option.shares)
+
+
+def test_a_model_no_node_holds_alone_is_split() -> None:
+    card = _schnell()  # 67 GB in fp32; half the transformer and the rest: ~43 GB
+    (option,) = place_image_model(card, _request(card), _state(_node("a", 50), _node("b", 50)))
+    assert len(option.shares) == 2
+
+
+def test_the_engine_splits_the_transformer_only() -> None:
     from exo_engine_mflux.engine import MfluxEngine
 
     engine, card = MfluxEngine(), _schnell()
     assert engine.can_serve(card)
     assert engine.sharding_refusal(card, "pipeline", 1) is None
-    assert "one node" in (engine.sharding_refusal(card, "pipeline", 2) or "")
+    assert engine.sharding_refusal(card, "pipeline", 2) is None
+    assert "no tensor parallel" in (engine.sharding_refusal(card, "tensor", 2) or "")
+    assert "too few for 58 nodes" in (engine.sharding_refusal(card, "pipeline", 58) or "")

@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from exo_core.plugin import Chunk, ErrorChunk, FinishChunk, FinishReason, RunnerStatus, TextChunk
-from exo_engine_mlx.distributed.group import RING_TOKEN_ENV
+from exo_core.ring import RING_TOKEN_ENV
 from exo_engine_mlx.distributed.testing import (
     RunnerGroup,
     final,

@@ -15,9 +15,11 @@ from exo_core.plugin import (
 
 @hookimpl
 def exo_engines(config: NodeConfig) -> list[Engine]:
+    from exo_core.plugin import derive_key
     from exo_engine_mflux.engine import MfluxEngine
 
-    return [MfluxEngine()]
+    secret = derive_key(config.cluster_key, f"exo-mflux-ring:{config.namespace}")
+    return [MfluxEngine(ring_secret=secret)]
 
 
 @hookimpl

@@ -1,21 +1,30 @@
-"""The worker's side of an image runner: the core's `SubprocessRunner`, text tasks refused."""
+"""The worker's side of an image runner: the core's `GroupRunner` (a subprocess, maybe one rank
+of a group with its ring hostfile), text tasks refused."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-from exo_core.plugin import Chunk, ErrorChunk, RunnerSpec, SubprocessRunner, Task
+from exo_core.plugin import Chunk, ErrorChunk, RunnerSpec, Task
+from exo_core.ring import GroupRunner
 from exo_engine_mflux.protocol import Launch, encode
 from exo_engine_mflux.runner_process import main as runner_main
 
 
-class ImageRunner(SubprocessRunner):
+class ImageRunner(GroupRunner):
     kind = "image runner"
 
-    def __init__(self, spec: RunnerSpec, env: Mapping[str, str], warmup: bool = True) -> None:
-        launch = encode(Launch(spec=spec, warmup=warmup))
+    def __init__(
+        self,
+        spec: RunnerSpec,
+        env: Mapping[str, str],
+        warmup: bool = True,
+        connect_timeout_s: float = 60.0,
+    ) -> None:
+        launch = encode(Launch(spec=spec, warmup=warmup, connect_timeout_s=connect_timeout_s))
         super().__init__(spec, env, entry=runner_main, launch=launch)
         self.warmup = warmup
+        self.connect_timeout_s = connect_timeout_s
 
     async def generate(self, task: Task) -> AsyncIterator[Chunk]:
         if task.image is None:

@@ -91,7 +91,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
         return load_model(spec.model_path), None
-    from exo_engine_mlx.distributed.group import (
+    from exo_core.ring import (
         RING_TOKEN_ENV,
         barrier,
         form_group,
@@ -119,8 +119,8 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
 
 
 def serve(conn: Connection, launch: Launch) -> int:
+    from exo_core.watchdog import Watchdog
     from exo_engine_mlx.batching import BatchEngine
-    from exo_engine_mlx.distributed.watchdog import Watchdog
     from exo_engine_mlx.prefix_cache import PrefixCache
 
     out = RunnerOutbox(conn)

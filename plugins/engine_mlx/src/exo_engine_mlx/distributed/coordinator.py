@@ -34,9 +34,9 @@ from exo_core.plugin import (
     TaskId,
     ToRunner,
 )
+from exo_core.watchdog import Watchdog
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.distributed.plan import Join, StepPlan, share_plan
-from exo_engine_mlx.distributed.watchdog import Watchdog
 
 # Finals a follower keeps for tasks its worker has not submitted yet.
 MAX_REMEMBERED_FINALS = 1024

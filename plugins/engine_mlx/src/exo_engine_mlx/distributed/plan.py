@@ -9,18 +9,12 @@ the same tokens): a rank never waits for its own worker to deliver them.
 
 from __future__ import annotations
 
-import struct
-
 import mlx.core as mx
 import msgspec
-import numpy as np
 from mlx_lm.generate import generation_stream
 
 from exo_core.plugin import GenerationParams, TaskId
-
-# The first exchange of every step carries up to this many bytes; longer plans take a second.
-HEAD_BYTES = 1024
-_LEN = struct.Struct("<I")
+from exo_core.ring import broadcast
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True):
@@ -45,30 +39,9 @@ _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(StepPlan).decode
 
 
-def _all_sum_bytes(data: bytes, size: int, group: mx.distributed.Group) -> bytes:
-    buffer = np.zeros(size, dtype=np.uint8)
-    buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
-    # On the generation stream: the model's own collectives of a step may still be running
-    # there asynchronously, and collectives must reach every rank in the same order.
-    out = mx.distributed.all_sum(mx.array(buffer), group=group, stream=generation_stream)
-    mx.eval(out)
-    return bytes(np.array(out, copy=False))
-
-
-def broadcast(group: mx.distributed.Group, payload: bytes | None) -> bytes:
-    """Rank 0's `payload` on every rank (others pass None). Sums with zeros: exact for bytes."""
-    leader = group.rank() == 0
-    data = _LEN.pack(len(payload)) + payload if leader and payload is not None else b""
-    head = _all_sum_bytes(data[:HEAD_BYTES], HEAD_BYTES, group)
-    (length,) = _LEN.unpack_from(head)
-    total = _LEN.size + length
-    if total <= HEAD_BYTES:
-        return head[_LEN.size : total]
-    rest = _all_sum_bytes(data[HEAD_BYTES:], total - HEAD_BYTES, group)
-    return head[_LEN.size :] + rest
-
-
 def share_plan(group: mx.distributed.Group, plan: StepPlan | None) -> StepPlan:
     """Rank 0 passes its plan, the others None; every rank returns rank 0's plan."""
-    raw = broadcast(group, _encode(plan) if plan is not None else None)
+    # On the generation stream: the model's own collectives of a step may still be running
+    # there asynchronously, and collectives must reach every rank in the same order.
+    raw = broadcast(group, _encode(plan) if plan is not None else None, generation_stream)
     return _decode(raw)

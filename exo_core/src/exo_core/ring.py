@@ -1,5 +1,9 @@
 """Forming a runner group: the ring hostfile, the runner's environment, and a bounded init.
 
+Shared by every engine whose runners join an mx.distributed ring (the MLX text engine, the
+mflux image engine). MLX is imported only inside the functions that use it: the node process
+imports this module for the hostfile and token, and the core does not depend on MLX.
+
 The master gives every rank a `host:port` (`ShardAssignment.ring_address`). The worker side
 writes them to a hostfile and starts the runner with MLX_HOSTFILE and MLX_RANK in its own
 environment only. The runner then joins the ring; when a peer never shows up the attempt ends
@@ -22,14 +26,20 @@ import hmac
 import json
 import os
 import secrets
+import shutil
 import socket
+import struct
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Any
 
-import mlx.core as mx
-import numpy as np
+from exo_core.engine import RunnerSpec
+from exo_core.state import Instance, RunnerStatus
+from exo_core.subprocess_runner import SubprocessRunner
 
-from exo_core.plugin import Instance, RunnerSpec
+if TYPE_CHECKING:
+    import mlx.core as mx
 
 # Exit status of a runner whose group did not form in time (faulthandler's own).
 CONNECT_TIMEOUT_EXIT = 1
@@ -87,6 +97,8 @@ def form_group(spec: RunnerSpec, timeout_s: float) -> mx.distributed.Group:
     `mx.distributed.init` holds the GIL while it waits for peers, so no Python thread can end
     it: faulthandler's C timer ends the process instead (exit status 1), and the parent turns
     that into a clear error since it knows we were connecting."""
+    import mlx.core as mx
+
     global _devnull
     shard = spec.shard
     if os.environ.get("MLX_RANK") != str(shard.rank) or not os.environ.get("MLX_HOSTFILE"):
@@ -110,6 +122,8 @@ def form_group(spec: RunnerSpec, timeout_s: float) -> mx.distributed.Group:
 
 def barrier(group: mx.distributed.Group) -> None:
     """Return when every rank got here (fails when a peer is gone)."""
+    import mlx.core as mx
+
     mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group, stream=mx.cpu))
 
 
@@ -121,6 +135,9 @@ def ring_token(ring_secret: bytes, instance_id: str) -> str:
 
 def _all_gather(group: mx.distributed.Group, data: bytes) -> list[bytes]:
     """Every rank's `data` (all of one length), by rank."""
+    import mlx.core as mx
+    import numpy as np
+
     gathered = mx.distributed.all_gather(
         mx.array(list(data), dtype=mx.uint8), group=group, stream=mx.cpu
     )
@@ -150,3 +167,85 @@ def prove_membership(group: mx.distributed.Group, token: str) -> None:
             f"(ranks {strangers or 'unknown'}): a stranger connected to a ring port, or the "
             "nodes run with different cluster keys"
         )
+
+
+# -- rank 0's bytes on every rank ---------------------------------------------------------------
+
+# The first exchange carries up to this many bytes; longer payloads take a second.
+HEAD_BYTES = 1024
+_LEN = struct.Struct("<I")
+
+
+def _all_sum_bytes(data: bytes, size: int, group: mx.distributed.Group, stream: Any) -> bytes:
+    import mlx.core as mx
+    import numpy as np
+
+    buffer = np.zeros(size, dtype=np.uint8)
+    buffer[: len(data)] = np.frombuffer(data, dtype=np.uint8)
+    out = mx.distributed.all_sum(mx.array(buffer), group=group, stream=stream)
+    mx.eval(out)
+    return bytes(np.array(out, copy=False))
+
+
+def broadcast(group: mx.distributed.Group, payload: bytes | None, stream: Any = None) -> bytes:
+    """Rank 0's `payload` on every rank (others pass None). Sums with zeros: exact for bytes.
+
+    `stream`: where the sums run (an engine whose model runs collectives asynchronously on its
+    own stream passes that one: collectives must reach every rank in the same order)."""
+    import mlx.core as mx
+
+    stream = mx.cpu if stream is None else stream
+    leader = group.rank() == 0
+    data = _LEN.pack(len(payload)) + payload if leader and payload is not None else b""
+    head = _all_sum_bytes(data[:HEAD_BYTES], HEAD_BYTES, group, stream)
+    (length,) = _LEN.unpack_from(head)
+    total = _LEN.size + length
+    if total <= HEAD_BYTES:
+        return head[_LEN.size : total]
+    rest = _all_sum_bytes(data[HEAD_BYTES:], total - HEAD_BYTES, group, stream)
+    return head[_LEN.size :] + rest
+
+
+def any_rank(group: mx.distributed.Group, flag: bool) -> bool:
+    """Whether `flag` is set on any rank (a vote every rank takes at the same point)."""
+    import mlx.core as mx
+
+    votes = mx.distributed.all_sum(mx.array(1 if flag else 0), group=group, stream=mx.cpu)
+    return int(votes.item()) > 0
+
+
+# -- the worker's side of a rank ----------------------------------------------------------------
+
+
+class GroupRunner(SubprocessRunner):
+    """A `SubprocessRunner` that may be one rank of a group: such a rank gets its ring
+    hostfile in its environment, and an exit while it connected says which peers it waited
+    for."""
+
+    # How long the runner waits for its peers (its own timer ends it after that).
+    connect_timeout_s: float = 60.0
+    _scratch: str | None = None
+
+    def child_env(self) -> Mapping[str, str]:
+        """The runner's environment; a rank of a group also gets its ring hostfile."""
+        if self.spec.shard.world_size <= 1:
+            return self.env
+        self._scratch = tempfile.mkdtemp(prefix=f"exo-{self.spec.runner_id}-")
+        return {**self.env, **group_env(self.spec, Path(self._scratch))}
+
+    def exit_reason(self, exit_code: int | None) -> str:
+        if self.status == RunnerStatus.CONNECTING:
+            # The runner's own timer ended it while it waited for its peers.
+            peers = ", ".join(ring_addresses(self.spec.instance))
+            return (
+                f"the runner group did not form within {self.connect_timeout_s:g} s: "
+                f"rank {self.spec.shard.rank} could not connect to its peers ({peers}); "
+                "a peer is unreachable, not started, or its port is taken"
+            )
+        return super().exit_reason(exit_code)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None

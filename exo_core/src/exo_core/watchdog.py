@@ -4,7 +4,7 @@ A peer that dies closes its sockets and MLX fails the collective at once; a peer
 (a cable pulled, a frozen machine) would leave us blocked forever. The watchdog thread turns
 that into a runner failure with a clear message. It works because `mx.eval` releases the GIL
 while it waits. `mx.distributed.init` does not, so forming the group is guarded by
-`faulthandler`'s C-level timer instead (see `group.form_group`).
+`faulthandler`'s C-level timer instead (see `exo_core.ring.form_group`).
 """
 
 from __future__ import annotations
