@@ -30,13 +30,20 @@ import shutil
 import socket
 import struct
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from exo_core.engine import RunnerSpec
 from exo_core.state import Instance, RunnerStatus
-from exo_core.subprocess_runner import SubprocessRunner
+from exo_core.subprocess_runner import (
+    RunnerShutdown,
+    SubprocessRunner,
+    ToRunner,
+    start_request_reader,
+)
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -169,6 +176,37 @@ def prove_membership(group: mx.distributed.Group, token: str) -> None:
         )
 
 
+def join_group(
+    spec: RunnerSpec,
+    timeout_s: float,
+    guard: Callable[[str, float], AbstractContextManager[None]],
+) -> mx.distributed.Group:
+    """Form the group of `spec` and check its members (`guard`: a watchdog's deadline)."""
+    group = form_group(spec, timeout_s)
+    with guard("joining the runner group", timeout_s):
+        prove_membership(group, os.environ.get(RING_TOKEN_ENV, ""))
+    return group
+
+
+def start_rank_reader(
+    conn: Connection, deliver: Callable[[ToRunner], None], in_group: bool, rank: int
+) -> None:
+    """The runner's request reader; a rank of a group leaves at once when its parent goes or
+    (not rank 0) when told to stop: its main thread may sit in a collective for a while."""
+
+    def on_message(message: ToRunner) -> None:
+        deliver(message)
+        if isinstance(message, RunnerShutdown) and in_group and rank != 0:
+            os._exit(0)
+
+    def closed() -> None:
+        if in_group:
+            os._exit(0)  # the parent is gone; a collective may block the main thread
+        deliver(RunnerShutdown())
+
+    start_request_reader(conn, on_message, closed)
+
+
 # -- rank 0's bytes on every rank ---------------------------------------------------------------
 
 # The first exchange carries up to this many bytes; longer payloads take a second.
@@ -211,7 +249,7 @@ def any_rank(group: mx.distributed.Group, flag: bool) -> bool:
     import mlx.core as mx
 
     votes = mx.distributed.all_sum(mx.array(1 if flag else 0), group=group, stream=mx.cpu)
-    return int(votes.item()) > 0
+    return votes.item() != 0
 
 
 # -- the worker's side of a rank ----------------------------------------------------------------

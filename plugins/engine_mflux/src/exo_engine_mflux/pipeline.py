@@ -176,6 +176,9 @@ class _StepCallback:
     def call_in_loop(
         self, t: int, seed: int, prompt: str, latents: mx.array, config: Any, time_steps: Any
     ) -> None:
+        # The step's work completes first: in a runner group its transfers between ranks must
+        # come before any collective of `on_step` (the stop vote), on every rank alike.
+        mx.eval(latents)
         self.done += 1
         total = config.num_inference_steps - config.init_time_step
         self.on_step(Step(done=self.done, total=total, latents=latents))

@@ -11,9 +11,14 @@ import queue
 import random
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import Any
+
+from loguru import logger
 
 from exo_core.plugin import (
+    Chunk,
     ErrorChunk,
     FinishChunk,
     FinishReason,
@@ -28,11 +33,16 @@ from exo_core.plugin import (
     TaskId,
     ToRunner,
     Usage,
+    public_message,
     report_load_failure,
     run_runner_child,
-    start_request_reader,
 )
+from exo_core.ring import barrier, join_group, start_rank_reader
+from exo_core.watchdog import Watchdog
 from exo_engine_mflux.protocol import Launch, decode_launch
+
+# How long the ranks of a group wait for each other to load the model.
+LOAD_TIMEOUT_S = 600.0
 
 
 class Inbox:
@@ -58,11 +68,22 @@ class Inbox:
 
 
 def run_request(
-    loaded: object, task_id: TaskId, request: ImageRequest, inbox: Inbox, out: RunnerOutbox
+    loaded: object,
+    task_id: TaskId,
+    request: ImageRequest,
+    inbox: Inbox,
+    emit: Callable[[Chunk], None],
+    should_stop: Callable[[TaskId], bool] | None = None,
+    leader: bool = True,
 ) -> None:
-    """Generate every image of one request, streaming progress and images; end the stream."""
+    """Generate every image of one request, streaming progress and images; end the stream.
+
+    `should_stop` is asked after every step (and before each image is sent): in a group it is
+    a vote of all ranks, so they stop at the same step. Only a `leader` decodes partial
+    images (the other ranks of a group send their workers the final chunk alone)."""
     from exo_engine_mflux import pipeline
 
+    stop = should_stop or inbox.should_stop
     assert isinstance(loaded, pipeline.LoadedModel)
     steps = request.steps or loaded.default_steps
     guidance = loaded.default_guidance if request.guidance is None else request.guidance
@@ -74,17 +95,16 @@ def run_request(
 
             def on_step(step: pipeline.Step, index: int = index, seed: int = image_seed) -> None:
                 nonlocal sent_partials
-                if inbox.should_stop(task_id):
+                if stop(task_id):
                     raise pipeline.Cancelled(f"after step {step.done - 1} of {step.total}")
-                out.chunk(
-                    ProgressChunk(task_id=task_id, step=step.done, total=step.total, index=index)
-                )
-                if step.done in pipeline.partial_steps(step.total, request.partial_images):
+                emit(ProgressChunk(task_id=task_id, step=step.done, total=step.total, index=index))
+                partials = pipeline.partial_steps(step.total, request.partial_images)
+                if leader and step.done in partials:
                     image = pipeline.decode_latents(
                         loaded, step.latents, request.width, request.height
                     )
                     data = pipeline.encode_image(image, request.output_format, request.quality)
-                    out.chunk(
+                    emit(
                         ImageChunk(
                             task_id=task_id,
                             index=index,
@@ -111,9 +131,9 @@ def run_request(
                 input_image=request.input_image,
                 on_step=on_step,
             )
-            if inbox.should_stop(task_id):
+            if stop(task_id):
                 raise pipeline.Cancelled
-            out.chunk(
+            emit(
                 ImageChunk(
                     task_id=task_id,
                     index=index,
@@ -124,14 +144,15 @@ def run_request(
                     seed=image_seed,
                 )
             )
-        out.chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=Usage()))
+        emit(FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=Usage()))
     except pipeline.Cancelled as e:
         # In the node's log: how far a cancelled generation got.
         print(f"image task {task_id} cancelled {e}".rstrip(), file=sys.stderr, flush=True)
-        out.chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.CANCELLED))
+        emit(FinishChunk(task_id=task_id, finish_reason=FinishReason.CANCELLED))
     except Exception as e:
         # One bad request (an undecodable upload, say) fails alone; the runner keeps serving.
-        out.chunk(ErrorChunk(task_id=task_id, message=f"image generation failed: {e}"))
+        # (In a group every rank decodes the same upload, so all of them fail it alike.)
+        emit(ErrorChunk(task_id=task_id, message=f"image generation failed: {e}"))
     finally:
         inbox.cancelled.discard(task_id)
 
@@ -154,25 +175,66 @@ def _warm_up(loaded: object) -> None:
     )
 
 
+def _load(launch: Launch, out: RunnerOutbox, watchdog: Watchdog) -> tuple[object, Any]:
+    """Join the group when there is one, then load the model (a rank keeps its blocks only)."""
+    from pathlib import Path
+
+    from exo_engine_mflux import pipeline
+
+    spec = launch.spec
+    group = None
+    if spec.shard.world_size > 1:
+        out.status(RunnerStatus.CONNECTING)
+        group = join_group(spec, launch.connect_timeout_s, watchdog.guard)
+    out.status(RunnerStatus.LOADING)
+    loaded = pipeline.load(spec.card.family, Path(spec.model_path))
+    if group is not None:
+        from exo_engine_mflux.split import split_transformer
+
+        split_transformer(loaded.model, group, spec.shard.start_layer, spec.shard.end_layer)
+        with watchdog.guard("waiting for the other ranks to load the model", LOAD_TIMEOUT_S):
+            barrier(group)
+    return loaded, group
+
+
 def serve(conn: Connection, launch: Launch) -> int:
     out = RunnerOutbox(conn)
     inbox = Inbox()
-    start_request_reader(conn, inbox.put)
-    spec = launch.spec
+    in_group = launch.spec.shard.world_size > 1
+    start_rank_reader(conn, inbox.put, in_group, launch.spec.shard.rank)
+    watchdog = Watchdog(lambda message: out.status(RunnerStatus.FAILED, f"runner group: {message}"))
     try:
-        from pathlib import Path
-
-        from exo_engine_mflux import pipeline
-
-        out.status(RunnerStatus.LOADING)
-        loaded = pipeline.load(spec.card.family, Path(spec.model_path))
+        loaded, group = _load(launch, out, watchdog)
         if launch.warmup:
             out.status(RunnerStatus.WARMING_UP)
-            _warm_up(loaded)
+            # Deterministic, so the ranks of a group run it in step without a plan.
+            with watchdog.guard("warming up the runner group", launch.step_timeout_s):
+                _warm_up(loaded)
     except Exception as e:
         report_load_failure(out, e)
         return 1
     out.status(RunnerStatus.READY)
+    if group is not None:
+        from exo_engine_mflux.group import ImageGroupLoop
+
+        loop = ImageGroupLoop(
+            loaded=loaded,
+            group=group,
+            inbox=inbox,
+            out=out,
+            watchdog=watchdog,
+            step_timeout_s=launch.step_timeout_s,
+        )
+        try:
+            return loop.run()
+        except Exception as e:
+            logger.opt(exception=e).error("the runner group failed")
+            out.status(RunnerStatus.FAILED, f"runner group: {public_message(e)}")
+            return 1
+    return _serve_alone(loaded, inbox, out)
+
+
+def _serve_alone(loaded: object, inbox: Inbox, out: RunnerOutbox) -> int:
     while True:
         message = inbox.queue.get()
         if isinstance(message, RunnerShutdown):
@@ -184,7 +246,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         if message.image is None:  # `ImageRunner.generate` refuses text tasks before this
             out.chunk(ErrorChunk(task_id=message.task_id, message="not an image request"))
             continue
-        run_request(loaded, message.task_id, message.image, inbox, out)
+        run_request(loaded, message.task_id, message.image, inbox, out.chunk)
         if inbox.stopping.is_set():
             return 0
 

@@ -11,7 +11,6 @@ the model (LOADING), warms up in step with the other ranks (WARMING_UP), then se
 
 from __future__ import annotations
 
-import os
 import queue
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -35,26 +34,9 @@ from exo_core.plugin import (
     public_message,
     report_load_failure,
     run_runner_child,
-    start_request_reader,
 )
+from exo_core.ring import start_rank_reader
 from exo_engine_mlx.protocol import Launch, RunnerOptions, decode_launch
-
-
-def _start_reader(
-    conn: Connection, inbox: queue.Queue[ToRunner], in_group: bool, rank: int
-) -> None:
-    def deliver(message: ToRunner) -> None:
-        inbox.put(message)
-        # A follower may sit in a collective for a while: leave at once when told to.
-        if isinstance(message, RunnerShutdown) and in_group and rank != 0:
-            os._exit(0)
-
-    def closed() -> None:
-        if in_group:
-            os._exit(0)  # the parent is gone; a collective may block the main thread
-        inbox.put(RunnerShutdown())
-
-    start_request_reader(conn, deliver, closed)
 
 
 def _warm_up(engine: Any) -> None:
@@ -91,17 +73,10 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
         return load_model(spec.model_path), None
-    from exo_core.ring import (
-        RING_TOKEN_ENV,
-        barrier,
-        form_group,
-        prove_membership,
-    )
+    from exo_core.ring import barrier, join_group
 
     out.status(RunnerStatus.CONNECTING)
-    group = form_group(spec, options.group_connect_timeout_s)
-    with guard("joining the runner group", options.group_connect_timeout_s):
-        prove_membership(group, os.environ.get(RING_TOKEN_ENV, ""))
+    group = join_group(spec, options.group_connect_timeout_s, guard)
     out.status(RunnerStatus.LOADING)
     plan = ShardPlan(
         sharding=spec.instance.sharding,
@@ -128,7 +103,7 @@ def serve(conn: Connection, launch: Launch) -> int:
     in_group = spec.shard.world_size > 1
     watchdog = Watchdog(lambda message: out.status(RunnerStatus.FAILED, f"runner group: {message}"))
     inbox: queue.Queue[ToRunner] = queue.Queue()
-    _start_reader(conn, inbox, in_group, spec.shard.rank)
+    start_rank_reader(conn, inbox.put, in_group, spec.shard.rank)
     try:
         (model, tokenizer), group = _load(launch, out, watchdog.guard)
     except Exception as e:

@@ -1,0 +1,127 @@
+"""The transformer split over two real `exo` processes (libp2p on loopback, a runner group on an
+mx.distributed ring): the image of a 2-rank instance equals one node's for the same seed, and a
+cancel stops both ranks at the same step, after which the group serves the next request."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from exo_core.testing.processes import ExoProcess, exo_processes, wait_until
+
+from .conftest import link_model
+
+pytestmark = pytest.mark.slow
+
+MODEL_ID = "tiny-split-flux"
+BODY = {"model": MODEL_ID, "prompt": "a lighthouse", "size": "64x64", "response_format": "b64_json"}
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]]:
+    from exo_engine_mflux.tiny_model import write_tiny_model_with_card
+
+    root = tmp_path_factory.mktemp("split-exo")
+    # Two blocks (one joint, one single): one for each rank.
+    model = write_tiny_model_with_card(
+        root / "models" / MODEL_ID, MODEL_ID, joint_blocks=1, single_blocks=1
+    )
+    for i in range(2):
+        link_model(root / f"node{i}", model)
+    env = {"EXO_RUNNER_WARMUP": "0"}
+    with exo_processes(root, 2, extra_args=[["--no-auto-place"]] * 2, env=env) as started:
+
+        def joined() -> bool:
+            states = [n.state() for n in started]
+            return all(
+                len(s["nodes"]) == 2
+                and all("mflux" in x["resources"]["engines"] for x in s["nodes"].values())
+                for s in states
+            )
+
+        try:
+            wait_until(joined, timeout=120)
+        except TimeoutError:
+            pytest.fail("the exo nodes did not form a cluster:\n" + started[-1].log()[-3000:])
+        yield started
+
+
+def _ready(node: ExoProcess, instance_id: str) -> bool:
+    instance: dict[str, Any] = node.get(f"/instance/{instance_id}")
+    shards, runners = instance.get("shards", []), instance.get("runners", {})
+    return bool(shards) and all(
+        runners.get(s["runner_id"], {}).get("status") == "ready" for s in shards
+    )
+
+
+def _place(node: ExoProcess, min_nodes: int) -> str:
+    body = {"model_id": MODEL_ID, "min_nodes": min_nodes}
+    created = httpx.post(f"{node.url}/instance", json=body, timeout=60)
+    assert created.status_code == 201, created.text
+    instance_id = str(created.json()["instance_id"])
+    assert len(node.get(f"/instance/{instance_id}")["shards"]) == min_nodes
+    try:
+        wait_until(lambda: _ready(node, instance_id), timeout=180)
+    except TimeoutError:
+        pytest.fail(f"instance {instance_id} did not become ready:\n{node.log()[-3000:]}")
+    return instance_id
+
+
+def _delete(node: ExoProcess, instance_id: str) -> None:
+    httpx.delete(f"{node.url}/instance/{instance_id}", timeout=30)
+    wait_until(lambda: instance_id not in node.state()["instances"], timeout=60)
+
+
+def _pixels(node: ExoProcess, seed: int) -> np.ndarray:
+    body = {**BODY, "advanced_params": {"seed": seed, "num_inference_steps": 1}}
+    reply = httpx.post(f"{node.url}/v1/images/generations", json=body, timeout=180)
+    assert reply.status_code == 200, reply.text
+    data = base64.b64decode(reply.json()["data"][0]["b64_json"])
+    return np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
+
+
+def _cancels(node: ExoProcess) -> list[int]:
+    return [int(s) for s in re.findall(r"cancelled after step (\d+) of 200", node.log())]
+
+
+def test_two_ranks_give_one_nodes_image_and_a_cancel_stops_both(
+    nodes: list[ExoProcess],
+) -> None:
+    first, second = nodes
+    single = _place(first, 1)
+    reference = _pixels(first, seed=7)
+    _delete(first, single)
+    assert reference.shape == (64, 64, 3) and reference.std() > 0
+
+    split = _place(first, 2)
+    try:
+        # Asked on the second node: the body reaches rank 0 from there, the image comes back.
+        assert np.abs(_pixels(second, seed=7) - reference).max() <= 2
+
+        body = {**BODY, "stream": True, "advanced_params": {"seed": 3, "num_inference_steps": 200}}
+        with httpx.stream(
+            "POST", f"{first.url}/v1/images/generations", json=body, timeout=180
+        ) as response:
+            request_id = response.headers["x-request-id"]
+            lines = (line for line in response.iter_lines() if line.startswith("data:"))
+            assert json.loads(next(lines)[5:])["type"] == "image_generation.progress"
+            cancelled = httpx.post(f"{second.url}/v1/cancel/{request_id}", timeout=30)
+            assert cancelled.status_code == 200, cancelled.text
+            rest = list(lines)
+        assert "cancelled" in rest[-2] and rest[-1] == "data: [DONE]"
+        # Both ranks stopped, at the same step (they vote after every step), far before 200.
+        wait_until(lambda: len(_cancels(first)) == len(_cancels(second)) == 1, timeout=120)
+        assert _cancels(first) == _cancels(second) and _cancels(first)[0] < 100
+        # The group is free: the next request runs, and still gives the same image.
+        assert np.abs(_pixels(first, seed=7) - reference).max() <= 2
+    finally:
+        _delete(first, split)
