@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from exo_core.testing.harness import events_text
 from exo_core.testing.processes import ExoProcess, exo_processes, wait_until
 
 from .conftest import link_model
@@ -23,7 +24,12 @@ from .conftest import link_model
 pytestmark = pytest.mark.slow
 
 MODEL_ID = "tiny-split-flux"
-BODY = {"model": MODEL_ID, "prompt": "a lighthouse", "size": "64x64", "response_format": "b64_json"}
+BODY = {
+    "model": MODEL_ID,
+    "prompt": "a lighthouse on 7f3k",
+    "size": "64x64",
+    "response_format": "b64_json",
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +37,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]
     from exo_engine_mflux.tiny_model import write_tiny_model_with_card
 
     root = tmp_path_factory.mktemp("split-exo")
-    # Two blocks (one joint, one single): one for each rank.
-    model = write_tiny_model_with_card(
-        root / "models" / MODEL_ID, MODEL_ID, joint_blocks=1, single_blocks=1
-    )
+    # Two single blocks: one for each rank (a joint block would double the size).
+    model = write_tiny_model_with_card(root / "models" / MODEL_ID, MODEL_ID, single_blocks=2)
     for i in range(2):
         link_model(root / f"node{i}", model)
     env = {"EXO_RUNNER_WARMUP": "0"}
@@ -106,6 +110,10 @@ def test_two_ranks_give_one_nodes_image_and_a_cancel_stops_both(
     try:
         # Asked on the second node: the body reaches rank 0 from there, the image comes back.
         assert np.abs(_pixels(second, seed=7) - reference).max() <= 2
+        # Each rank holds its own block; the prompt reached rank 0's peer off the log.
+        assert "rank 0 of 2 holds transformer blocks [0, 1)" in (first.log() + second.log())
+        assert "rank 1 of 2 holds transformer blocks [1, 2)" in (first.log() + second.log())
+        assert str(BODY["prompt"]) not in events_text(first.url)
 
         body = {**BODY, "stream": True, "advanced_params": {"seed": 3, "num_inference_steps": 200}}
         with httpx.stream(

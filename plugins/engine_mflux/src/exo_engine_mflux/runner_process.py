@@ -191,7 +191,12 @@ def _load(launch: Launch, out: RunnerOutbox, watchdog: Watchdog) -> tuple[object
     if group is not None:
         from exo_engine_mflux.split import split_transformer
 
-        split_transformer(loaded.model, group, spec.shard.start_layer, spec.shard.end_layer)
+        shard = spec.shard
+        split_transformer(loaded.model, group, shard.start_layer, shard.end_layer)
+        logger.info(
+            f"rank {shard.rank} of {shard.world_size} holds transformer blocks "
+            f"[{shard.start_layer}, {shard.end_layer})"
+        )
         with watchdog.guard("waiting for the other ranks to load the model", LOAD_TIMEOUT_S):
             barrier(group)
     return loaded, group
