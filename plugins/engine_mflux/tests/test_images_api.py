@@ -6,7 +6,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -189,6 +192,17 @@ def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) ->
         (progress,) = httpx.get(f"{image_node.url}/progress", timeout=10).json()["tasks"]
         assert progress["request_id"] == request_id and progress["total"] == 200
         assert 1 <= progress["step"] <= 200
+        # `exo ps` shows it in the instance's row.
+        ps = subprocess.run(
+            [sys.executable, "-m", "exo_core.cli", "ps", "--node", image_node.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "NO_COLOR": "1"},
+        )
+        header, *rows = ps.stdout.splitlines()
+        assert header.split("\t")[-1] == "STEPS", ps.stdout
+        assert any(re.search(rf"\t{MODEL_ID}\t.*\t\d+/200$", row) for row in rows), ps.stdout
         cancelled = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
         assert cancelled.status_code == 200, cancelled.text
         rest = [line for line in lines if line.startswith("data:")]

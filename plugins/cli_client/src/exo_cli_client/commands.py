@@ -22,11 +22,24 @@ def _hostnames(state: dict[str, Any]) -> dict[str, str]:
     return {nid: n.get("hostname") or _short(nid) for nid, n in state["nodes"].items()}
 
 
+def _progress_by_instance(tasks: list[dict[str, Any]]) -> dict[str, str]:
+    """`step/total` of each generation under way (image i of n shown as `#i`), by instance."""
+    shown: dict[str, list[str]] = {}
+    for t in sorted(tasks, key=lambda t: (t["instance_id"], t["task_id"], t["index"])):
+        image = f"#{t['index']} " if t["index"] else ""
+        shown.setdefault(t["instance_id"], []).append(f"{image}{t['step']}/{t['total']}")
+    return {instance: ", ".join(steps) for instance, steps in shown.items()}
+
+
 def ps(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
     state = client.get("/state")
+    # Step progress of the generations this node's API streams (kept in its memory, not in
+    # the replicated state).
+    tasks: list[dict[str, Any]] = client.get("/progress")["tasks"]
     if out.as_json:
-        out.json({"instances": state["instances"], "runners": state["runners"]})
+        out.json({"instances": state["instances"], "runners": state["runners"], "progress": tasks})
         return EXIT_OK
+    progress = _progress_by_instance(tasks)
     cards = {m["model_id"]: m for m in client.get("/models")["models"]}
     hosts = _hostnames(state)
     rows = []
@@ -52,9 +65,12 @@ def ps(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
                 f"{startup:.1f}s",
                 size(card.get("storage_size_bytes", 0)),
                 size(memory) if memory is not None else "-",
+                progress.get(instance_id, "-"),
             ]
         )
-    columns = ["INSTANCE", "MODEL", "SHARDING", "NODES", "RUNNERS", "STARTUP", "SIZE", "MEMORY"]
+    columns = [
+        "INSTANCE", "MODEL", "SHARDING", "NODES", "RUNNERS", "STARTUP", "SIZE", "MEMORY", "STEPS",
+    ]  # fmt: skip
     out.table(columns, rows)
     return EXIT_OK
 
