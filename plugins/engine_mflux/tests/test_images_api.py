@@ -3,19 +3,21 @@ running the tiny FLUX.1 model in a real image runner (mflux's own loader and pip
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 
 import httpx
 import openai
 import pytest
 from PIL import Image
+from rich.console import Console
 
+from exo_cli_client.client import NodeClient
+from exo_cli_client.commands import ps
+from exo_cli_client.output import Output
 from exo_core.testing.harness import events_text
 from exo_core.testing.processes import wait_until
 
@@ -172,7 +174,9 @@ def _cancels(node: ImageNode) -> list[int]:
     return [int(s) for s in re.findall(r"cancelled after step (\d+) of 200", node.log())]
 
 
-def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) -> None:
+def test_cancel_by_the_request_id_stops_the_generation(
+    image_node: ImageNode, capsys: pytest.CaptureFixture[str]
+) -> None:
     earlier = _cancels(image_node)
     body = {
         "model": MODEL_ID,
@@ -192,17 +196,15 @@ def test_cancel_by_the_request_id_stops_the_generation(image_node: ImageNode) ->
         (progress,) = httpx.get(f"{image_node.url}/progress", timeout=10).json()["tasks"]
         assert progress["request_id"] == request_id and progress["total"] == 200
         assert 1 <= progress["step"] <= 200
-        # `exo ps` shows it in the instance's row.
-        ps = subprocess.run(
-            [sys.executable, "-m", "exo_core.cli", "ps", "--node", image_node.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**os.environ, "NO_COLOR": "1"},
-        )
-        header, *rows = ps.stdout.splitlines()
-        assert header.split("\t")[-1] == "STEPS", ps.stdout
-        assert any(re.search(rf"\t{MODEL_ID}\t.*\t\d+/200$", row) for row in rows), ps.stdout
+        # `exo ps` shows it in the instance's row (its command, in this process: a CLI
+        # process would spend seconds importing every plugin).
+        client = NodeClient(image_node.url)
+        output = Output(console=Console(file=io.StringIO()))  # not a terminal: tab-separated
+        assert ps(argparse.Namespace(), client, output) == 0
+        client.close()
+        header, *rows = capsys.readouterr().out.splitlines()
+        assert header.split("\t")[-1] == "STEPS"
+        assert any(re.search(rf"\t{MODEL_ID}\t.*\t\d+/200$", row) for row in rows), rows
         cancelled = httpx.post(f"{image_node.url}/v1/cancel/{request_id}", timeout=30)
         assert cancelled.status_code == 200, cancelled.text
         rest = [line for line in lines if line.startswith("data:")]
