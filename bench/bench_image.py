@@ -92,6 +92,17 @@ def _ready(node: ExoProcess, instance_id: str) -> bool:
     )
 
 
+def _runner_memory(node: ExoProcess, instance_id: str) -> list[float]:
+    """Resident MB of each rank's runner (node telemetry), in rank order; 0 before a report."""
+    state = node.state()
+    shards = sorted(state["instances"][instance_id]["shards"], key=lambda s: s["rank"])
+    reported = [
+        state["nodes"][s["node_id"]]["resources"].get("runner_memory", {}).get(s["runner_id"], 0)
+        for s in shards
+    ]
+    return [m / 1e6 for m in reported]
+
+
 def through_exo(
     model: Path, root: Path, ranks: int, size: int, steps: int, runs: int
 ) -> dict[str, float]:
@@ -132,7 +143,12 @@ def through_exo(
                 if line.startswith("data:") and '"image_generation.progress"' in line:
                     marks.append(time.perf_counter())
         step_times = [b - a for a, b in zip([start, *marks[:-1]], marks, strict=True)][1:]
-    return {"total_s": min(totals), "step_s": statistics.median(step_times) if step_times else 0.0}
+        memory = _runner_memory(node, instance_id)
+    return {
+        "total_s": min(totals),
+        "step_s": statistics.median(step_times) if step_times else 0.0,
+        "rank_mb": max(memory),
+    }
 
 
 def _row(name: str, figures: dict[str, float]) -> str:
@@ -178,6 +194,10 @@ def main() -> None:
     print(_ratio("ratio exo/direct", one, direct))
     print(_row("exo, 2 ranks (1 machine)", two))
     print(_ratio("ratio 2 ranks/1 node", two, one))
+    print(
+        f"runner memory (resident, largest rank): 1 node {one['rank_mb']:.0f} MB, "
+        f"2 ranks {two['rank_mb']:.0f} MB"
+    )
 
 
 if __name__ == "__main__":
