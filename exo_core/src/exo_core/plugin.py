@@ -125,6 +125,19 @@ from exo_core.paths import (
 from exo_core.placement import human_bytes, place, runnable, split_layers
 from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.redact import public_message
+from exo_core.ring import (
+    RING_TOKEN_ENV,
+    GroupError,
+    GroupRunner,
+    any_rank,
+    barrier,
+    broadcast,
+    group_env,
+    join_group,
+    ring_addresses,
+    ring_token,
+    start_rank_reader,
+)
 from exo_core.service import (
     GenerationError,
     GenerationService,
@@ -176,8 +189,9 @@ from exo_core.transport.base import (
     TransportLagged,
     TransportMessage,
 )
+from exo_core.watchdog import Watchdog
 
-API_VERSION = "1.0"
+API_VERSION = "1.1"
 """major.minor: the minor grows when something is added, the major when something changes."""
 
 InjectedNode = NamedDependency[NodeContext]
@@ -192,6 +206,7 @@ __all__ = [
     "API_VERSION",
     "GEMM_SYMBOLS",
     "NDJSON_MEDIA_TYPE",
+    "RING_TOKEN_ENV",
     "UNFINISHED",
     "AddModelCard",
     "AnyRequest",
@@ -222,6 +237,8 @@ __all__ = [
     "GenerationFailed",
     "GenerationParams",
     "GenerationService",
+    "GroupError",
+    "GroupRunner",
     "ImageChunk",
     "ImageFormat",
     "ImageRequest",
@@ -305,9 +322,13 @@ __all__ = [
     "TransportMessage",
     "UnsafeModelPath",
     "Usage",
+    "Watchdog",
     "answer",
     "answered",
+    "any_rank",
+    "barrier",
     "blas_threads",
+    "broadcast",
     "build_prefix_shim",
     "candidates",
     "check_model_id",
@@ -322,9 +343,11 @@ __all__ = [
     "exception_handlers",
     "find_fast_blas",
     "finish_failure",
+    "group_env",
     "hookimpl",
     "human_bytes",
     "is_safe_model_id",
+    "join_group",
     "load_card_dir",
     "load_card_file",
     "loaded_blas",
@@ -341,6 +364,8 @@ __all__ = [
     "read_hermes",
     "remove_model_dir",
     "report_load_failure",
+    "ring_addresses",
+    "ring_token",
     "run_runner_child",
     "runnable",
     "runner_env",
@@ -348,6 +373,7 @@ __all__ = [
     "split_held",
     "split_layers",
     "sse",
+    "start_rank_reader",
     "start_request_reader",
     "tool_call",
 ]

@@ -16,8 +16,15 @@ from pathlib import Path
 import anyio
 import pytest
 
-from exo_core.plugin import Chunk, ErrorChunk, FinishChunk, FinishReason, RunnerStatus, TextChunk
-from exo_core.ring import RING_TOKEN_ENV
+from exo_core.plugin import (
+    RING_TOKEN_ENV,
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    RunnerStatus,
+    TextChunk,
+)
 from exo_engine_mlx.distributed.testing import (
     RunnerGroup,
     final,

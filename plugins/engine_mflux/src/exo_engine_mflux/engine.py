@@ -6,15 +6,16 @@ import os
 from pathlib import Path
 
 from exo_core.plugin import (
+    RING_TOKEN_ENV,
     Engine,
     ModelCard,
     Runner,
     RunnerSpec,
     Sharding,
     derive_key,
+    ring_token,
     runner_env,
 )
-from exo_core.ring import RING_TOKEN_ENV, ring_token
 from exo_engine_mflux.runner import ImageRunner
 
 LOCAL_SCHEME = "local:"

@@ -33,9 +33,10 @@ from exo_core.plugin import (
     RunnerShutdown,
     RunnerSubmit,
     TaskId,
+    Watchdog,
+    any_rank,
+    broadcast,
 )
-from exo_core.ring import any_rank, broadcast
-from exo_core.watchdog import Watchdog
 from exo_engine_mflux.runner_process import Inbox, run_request
 
 # Finals a follower keeps for tasks its worker has not submitted yet.

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-from exo_core.plugin import Chunk, ErrorChunk, RunnerSpec, Task
-from exo_core.ring import GroupRunner
+from exo_core.plugin import Chunk, ErrorChunk, GroupRunner, RunnerSpec, Task
 from exo_engine_mflux.protocol import Launch, encode
 from exo_engine_mflux.runner_process import main as runner_main
 

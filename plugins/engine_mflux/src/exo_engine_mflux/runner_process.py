@@ -33,12 +33,14 @@ from exo_core.plugin import (
     TaskId,
     ToRunner,
     Usage,
+    Watchdog,
+    barrier,
+    join_group,
     public_message,
     report_load_failure,
     run_runner_child,
+    start_rank_reader,
 )
-from exo_core.ring import barrier, join_group, start_rank_reader
-from exo_core.watchdog import Watchdog
 from exo_engine_mflux.protocol import Launch, decode_launch
 
 # How long the ranks of a group wait for each other to load the model.

@@ -7,8 +7,17 @@ from pathlib import Path
 
 import anyio
 
-from exo_core.plugin import Engine, ModelCard, ModelTask, Runner, RunnerSpec, Sharding, derive_key
-from exo_core.ring import RING_TOKEN_ENV, ring_token
+from exo_core.plugin import (
+    RING_TOKEN_ENV,
+    Engine,
+    ModelCard,
+    ModelTask,
+    Runner,
+    RunnerSpec,
+    Sharding,
+    derive_key,
+    ring_token,
+)
 from exo_engine_mlx.blas import runner_env
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner

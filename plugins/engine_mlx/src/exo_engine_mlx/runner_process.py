@@ -34,8 +34,8 @@ from exo_core.plugin import (
     public_message,
     report_load_failure,
     run_runner_child,
+    start_rank_reader,
 )
-from exo_core.ring import start_rank_reader
 from exo_engine_mlx.protocol import Launch, RunnerOptions, decode_launch
 
 
@@ -73,7 +73,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
         return load_model(spec.model_path), None
-    from exo_core.ring import barrier, join_group
+    from exo_core.plugin import barrier, join_group
 
     out.status(RunnerStatus.CONNECTING)
     group = join_group(spec, options.group_connect_timeout_s, guard)
@@ -94,7 +94,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
 
 
 def serve(conn: Connection, launch: Launch) -> int:
-    from exo_core.watchdog import Watchdog
+    from exo_core.plugin import Watchdog
     from exo_engine_mlx.batching import BatchEngine
     from exo_engine_mlx.prefix_cache import PrefixCache
 

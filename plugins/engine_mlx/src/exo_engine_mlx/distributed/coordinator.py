@@ -33,8 +33,8 @@ from exo_core.plugin import (
     RunnerSubmit,
     TaskId,
     ToRunner,
+    Watchdog,
 )
-from exo_core.watchdog import Watchdog
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.distributed.plan import Join, StepPlan, share_plan
 

@@ -13,8 +13,7 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.generate import generation_stream
 
-from exo_core.plugin import GenerationParams, TaskId
-from exo_core.ring import broadcast
+from exo_core.plugin import GenerationParams, TaskId, broadcast
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True):
