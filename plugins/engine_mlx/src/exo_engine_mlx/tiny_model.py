@@ -189,6 +189,32 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         "moe_layers_enum": "1,2,3",
         "use_head_wise_attn_gate": True,
     },
+    # Gemma scales the embedding by sqrt(hidden_size); Gemma 2 soft-caps its logits; Gemma 3
+    # has sliding layers and every second one global, chosen by the layer's index.
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16},
+    "gemma3_text": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+    },
+    # Hybrid mamba / attention / MLP blocks: only mamba and attention blocks hold a cache.
+    "nemotron_h": {
+        "hybrid_override_pattern": ["M", "-", "*", "M"],
+        "head_dim": 16,
+        "attention_bias": False,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+    },
 }
 
 
