@@ -240,6 +240,7 @@ def make_tiny_model(
     chat_template: str = CHAT_TEMPLATE,
     corpus: Sequence[str] = (),
     eos_tokens: Sequence[str] = ("<|im_end|>",),
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write an MLX model directory of `model_type` (see `TINY_FAMILIES`) that `mlx_lm.load`
     reads, built from mlx-lm's own model class with random weights. Returns `out`.
@@ -247,7 +248,8 @@ def make_tiny_model(
     `special_tokens`, `chat_template` and `corpus` shape its tokenizer (see
     `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers;
     `eos_tokens` are the tokens that end a sequence (gpt-oss ends at `<|return|>` and
-    `<|call|>`)."""
+    `<|call|>`); `overrides` replace entries of the family's tiny config (a benchmark's
+    sliding window)."""
     import importlib
 
     if model_type not in TINY_FAMILIES:
@@ -275,6 +277,7 @@ def make_tiny_model(
         "max_position_embeddings": 2048,
         "torch_dtype": "float32",
         **TINY_FAMILIES[model_type],
+        **(overrides or {}),
     }
     eos = _token_ids(out, eos_tokens)
     config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
