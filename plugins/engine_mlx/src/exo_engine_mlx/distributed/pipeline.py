@@ -7,10 +7,12 @@ Two ways, chosen by the model's class (`split_pipeline`):
   masks and caches (MoE, hybrid attention/SSM) as mlx-lm wrote them. mlx-lm gives rank 0 the
   *last* layers and every rank the final hidden state, so every rank computes the same logits.
 * `PipelineStage` below, for llama-shaped models without the mixin.
-* `SlicedStage` below, for the other families whose forward pass is a plain loop over their
-  layers, one cache per layer (gpt-oss, MiniMax, Step 3.5): the family's own forward runs on
+* `SlicedStage` below, for the other families whose forward pass is a loop over their
+  layers (gpt-oss, MiniMax, Step 3.5, Gemma 1-3, Nemotron-H): the family's own forward runs on
   this rank's slice of the layers, with the tokens' embedding replaced by the hidden state
-  received from the rank before, and (before the last rank) the final norm left out.
+  received from the rank before, and (before the last rank) the final norm left out. What
+  differs per family (mask indices, an embedding scale, caches only in some layers, a forward
+  that reads layer kinds by list position) is its `Slicing` in `SLICED_MODEL_TYPES`.
 
 In a `PipelineStage`, rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
 from the rank before it; the last rank applies the final norm and the head. The last rank's
