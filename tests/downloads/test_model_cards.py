@@ -145,6 +145,13 @@ KIMI_K2 = {
     ]
 }
 
+GPT_OSS = {  # Harmony: no markers in the template mlx-lm knows; the vocabulary tells
+    "chat_template": "{{ messages }}",
+    "added_tokens_decoder": _added(
+        "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"
+    ),
+}
+
 
 @pytest.mark.parametrize(
     ("tokenizer_config", "tool_parser", "reasoning_parser", "capabilities"),
@@ -157,10 +164,11 @@ KIMI_K2 = {
         ),
         (MINIMAX_M2, "minimax_m2", "think", {Capability.THINKING, Capability.TOOLS}),
         (KIMI_K2, "kimi_k2", None, {Capability.TOOLS}),  # the "default" named template
+        (GPT_OSS, "harmony", None, {Capability.THINKING, Capability.TOOLS}),
         ({"chat_template": "{{ messages }}"}, None, None, set()),
         ({}, None, None, set()),
     ],
-    ids=["qwen3", "minimax_m2", "kimi_k2", "plain", "none"],
+    ids=["qwen3", "minimax_m2", "kimi_k2", "gpt_oss", "plain", "none"],
 )
 def test_a_custom_card_detects_its_parsers_from_the_tokenizer_config(
     tokenizer_config: dict[str, object],

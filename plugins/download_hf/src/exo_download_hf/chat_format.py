@@ -21,7 +21,8 @@ _CORE_PARSERS = {"json_tools": "hermes"}
 
 @dataclass(frozen=True)
 class ChatFormat:
-    tool_parser: str | None = None  # a core parser's name, else mlx-lm's tool parser module
+    # A core parser's name, else mlx-lm's tool parser module (or "harmony" for gpt-oss).
+    tool_parser: str | None = None
     reasoning_parser: str | None = None  # "think" for <think> ... </think>
     capabilities: tuple[Capability, ...] = ()
 
@@ -63,6 +64,15 @@ class _TokenizerFiles:
         return []
 
 
+def _harmony(tokens: _TokenizerFiles) -> bool:
+    """The MLX engine's check for gpt-oss's Harmony markers (mlx-lm detects none)."""
+    try:
+        from exo_engine_mlx.harmony import is_harmony
+    except ImportError:
+        return False
+    return is_harmony(tokens)
+
+
 def detect(tokenizer_config: dict[str, Any], template_file: str | None = None) -> ChatFormat:
     template = chat_template(tokenizer_config, template_file)
     tokens = _TokenizerFiles(tokenizer_config, template)
@@ -74,6 +84,9 @@ def detect(tokenizer_config: dict[str, Any], template_file: str | None = None) -
     else:
         tool = _infer_tool_parser(tokens)
         think_start = _infer_thinking(tokens)[0]
+    if tool is None and _harmony(tokens):
+        # gpt-oss: its channels carry both thinking and calls; the runner parses them.
+        tool, think_start = "harmony", "<|channel|>analysis"
     capabilities: list[Capability] = []
     if think_start is not None:
         capabilities.append(Capability.THINKING)
