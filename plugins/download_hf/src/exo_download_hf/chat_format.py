@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exo_core.plugin import Capability
+from exo_core.plugin import Capability, speaks_harmony
 
 # mlx-lm's tool parser whose format one of the core's output parsers reads: the card names
 # the core's parser, so the node parses it too (as the built-in cards do).
@@ -64,15 +64,6 @@ class _TokenizerFiles:
         return []
 
 
-def _harmony(tokens: _TokenizerFiles) -> bool:
-    """The MLX engine's check for gpt-oss's Harmony markers (mlx-lm detects none)."""
-    try:
-        from exo_engine_mlx.harmony import is_harmony
-    except ImportError:
-        return False
-    return is_harmony(tokens)
-
-
 def detect(tokenizer_config: dict[str, Any], template_file: str | None = None) -> ChatFormat:
     template = chat_template(tokenizer_config, template_file)
     tokens = _TokenizerFiles(tokenizer_config, template)
@@ -84,7 +75,7 @@ def detect(tokenizer_config: dict[str, Any], template_file: str | None = None) -
     else:
         tool = _infer_tool_parser(tokens)
         think_start = _infer_thinking(tokens)[0]
-    if tool is None and _harmony(tokens):
+    if tool is None and speaks_harmony(tokens.get_vocab()):
         # gpt-oss: its channels carry both thinking and calls; the runner parses them.
         tool, think_start = "harmony", "<|channel|>analysis"
     capabilities: list[Capability] = []
