@@ -122,6 +122,7 @@ def test_env_switch() -> None:
 
 
 @pytest.mark.smollm
+@pytest.mark.slow
 def test_smollm_greedy_text_identical_compiled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

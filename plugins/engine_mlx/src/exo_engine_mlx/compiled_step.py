@@ -72,7 +72,9 @@ class CompiledTransformerBlock(llama.TransformerBlock):
             graphs = _compile_layer(self)
             object.__setattr__(self, "_graphs", graphs)
         offset = cache.offset
-        q, k, v = graphs.before_cache(x, offset if isinstance(offset, mx.array) else mx.array(offset))
+        q, k, v = graphs.before_cache(
+            x, offset if isinstance(offset, mx.array) else mx.array(offset)
+        )
         k, v = cache.update_and_fetch(k, v)
         scale = self.self_attn.scale
         attended = scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask=mask)
