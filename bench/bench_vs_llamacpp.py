@@ -199,7 +199,7 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--big-tokens", type=int, default=32, help="new tokens on the 1B model")
+    parser.add_argument("--big-tokens", type=int, default=16, help="new tokens on the 1B model")
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--models", default="smollm2,1b", help="comma-separated: smollm2, 1b")
     parser.add_argument("--skip-exo", action="store_true")

@@ -20,7 +20,6 @@ import psutil
 from loguru import logger
 
 from exo_engine_mlx.blas import dequantize_model, loaded_blas, should_dequantize
-from exo_engine_mlx.compiled_step import compile_decode_step, compile_requested
 from exo_engine_mlx.cpu_kernels import kernel_ready, kernels_requested, simd, use_kernels
 
 
@@ -65,6 +64,10 @@ def _for_device(model: nn.Module, dense: bool, quantized_kernels: bool) -> None:
         replaced = dequantize_model(model)
         logger.info(f"dense fp32 weights: dequantized {replaced} layers")
     logger.info(f"BLAS in this runner: {loaded_blas() or 'bundled reference BLAS'}")
+    # Imported here: it imports mlx-lm (seconds on a busy machine), which a rank that fails to
+    # join its group should not wait for.
+    from exo_engine_mlx.compiled_step import compile_decode_step, compile_requested
+
     if compile_requested():
         logger.info(f"compiled one-token step: {compile_decode_step(model)} layers")
 
