@@ -44,13 +44,15 @@ class _Graphs:
 
 def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
     attn, mlp = layer.self_attn, layer.mlp
+    heads, kv_heads = int(attn.n_heads), int(attn.n_kv_heads or attn.n_heads)
+    rope: Any = attn.rope  # mlx-lm's ropes take the offset as an int or an array
 
     def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         h = layer.input_layernorm(x)
-        q = mx.unflatten(attn.q_proj(h), -1, (attn.n_heads, -1)).transpose(0, 2, 1, 3)
-        k = mx.unflatten(attn.k_proj(h), -1, (attn.n_kv_heads, -1)).transpose(0, 2, 1, 3)
-        v = mx.unflatten(attn.v_proj(h), -1, (attn.n_kv_heads, -1)).transpose(0, 2, 1, 3)
-        return attn.rope(q, offset=offset), attn.rope(k, offset=offset), v
+        q = mx.unflatten(attn.q_proj(h), -1, (heads, -1)).transpose(0, 2, 1, 3)
+        k = mx.unflatten(attn.k_proj(h), -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = mx.unflatten(attn.v_proj(h), -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        return rope(q, offset=offset), rope(k, offset=offset), v
 
     def after_attention(x: mx.array, attended: mx.array) -> mx.array:
         h = x + attn.o_proj(mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1))
