@@ -39,7 +39,6 @@ pytestmark = [
 ]
 
 
-@pytest.mark.slow  # a child process that imports MLX and loads a model: ~40 s under load
 def test_a_runner_pinned_to_one_core_runs_one_thread(
     tiny_gguf: Callable[..., Path], tmp_path: Path
 ) -> None:
