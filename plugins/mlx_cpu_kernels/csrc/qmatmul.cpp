@@ -371,16 +371,22 @@ __attribute__((target("avx2,fma"))) inline void q8_rows_block(
     p.out[(m0 + r) * p.N + n] = hsum(acc[r]) + centred_bias_term(p, n, m0 + r);
 }
 
+// Many rows (a prefill): tiles of rows whose int8 activations stay in L1 (~16 KB) while
+// this thread's weight rows pass over them; 4 rows share each loaded weight block.
 template <int BITS>
 __attribute__((target("avx2,fma"))) void rows_avx2_q8(const Problem& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m0 = 0;
-    for (; m0 + 4 <= p.M; m0 += 4) q8_rows_block<4, BITS>(p, n, m0);
-    switch (p.M - m0) {
-      case 3: q8_rows_block<3, BITS>(p, n, m0); break;
-      case 2: q8_rows_block<2, BITS>(p, n, m0); break;
-      case 1: q8_rows_block<1, BITS>(p, n, m0); break;
-      default: break;
+  const int64_t tile = std::max<int64_t>(4, (16384 / p.K) & ~int64_t{3});
+  for (int64_t t0 = 0; t0 < p.M; t0 += tile) {
+    const int64_t t1 = std::min(p.M, t0 + tile);
+    for (int64_t n = n0; n < n1; ++n) {
+      int64_t m0 = t0;
+      for (; m0 + 4 <= t1; m0 += 4) q8_rows_block<4, BITS>(p, n, m0);
+      switch (t1 - m0) {
+        case 3: q8_rows_block<3, BITS>(p, n, m0); break;
+        case 2: q8_rows_block<2, BITS>(p, n, m0); break;
+        case 1: q8_rows_block<1, BITS>(p, n, m0); break;
+        default: break;
+      }
     }
   }
 }
