@@ -37,6 +37,29 @@ def _best_ms(fn: Callable[[], mx.array], clock: Callable[[], float], seconds: fl
     return best * 1e3
 
 
+def _time_methods(
+    x: mx.array,
+    layer: tuple[mx.array, mx.array, mx.array, int, int],
+    clock: Callable[[], float],
+    has_int8: bool,
+) -> dict[str, float]:
+    import exo_mlx_cpu_kernels as kernels
+
+    wq, scales, biases, gs, bits = layer
+    times = {
+        "float": _best_ms(lambda: kernels.quantized_matmul(x, wq, scales, biases, gs, bits), clock),
+        "deq+mm": _best_ms(lambda: x @ kernels.dequantize(wq, scales, biases, gs, bits).T, clock),
+    }
+    if has_int8:
+        times["int8"] = _best_ms(
+            lambda: kernels.quantized_matmul(
+                x, wq, scales, biases, gs, bits, int8_activations=True
+            ),
+            clock,
+        )
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int, default=0, help="kernel threads (0: usable cores)")
@@ -80,21 +103,7 @@ def main() -> None:
         for rows in args.rows:
             x = mx.random.normal((rows, k), key=mx.random.key(rows))
             mx.eval(x)
-            times = {
-                "float": _best_ms(
-                    lambda: kernels.quantized_matmul(x, wq, scales, biases, gs, bits), clock
-                ),
-                "deq+mm": _best_ms(
-                    lambda: x @ kernels.dequantize(wq, scales, biases, gs, bits).T, clock
-                ),
-            }
-            if has_int8:
-                times["int8"] = _best_ms(
-                    lambda: kernels.quantized_matmul(
-                        x, wq, scales, biases, gs, bits, int8_activations=True
-                    ),
-                    clock,
-                )
+            times = _time_methods(x, (wq, scales, biases, gs, bits), clock, has_int8)
             best = min(times, key=lambda key: times[key])
             gflops = 2 * rows * k * n / times[best] / 1e6
             weight_gbs = (wq.nbytes + scales.nbytes + biases.nbytes) / times[best] / 1e6

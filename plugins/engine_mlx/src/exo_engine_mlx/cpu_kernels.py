@@ -129,6 +129,11 @@ _KERNEL_CLASS: dict[type, type] = {
 }
 
 
+def _is_head(name: str, m: nn.Module) -> bool:
+    """The output head: lm_head, or the embedding that a tied head reuses (`as_linear`)."""
+    return isinstance(m, nn.QuantizedEmbedding) or name.rsplit(".", 1)[-1] == "lm_head"
+
+
 def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None = None) -> int:
     """Switch every supported quantized layer to the kernel classes, in place.
 
@@ -139,12 +144,14 @@ def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None 
     kernels.set_num_threads(threads or kernels.usable_cores())
     int8 = int8_activations() if int8 is None else int8
     switched = 0
-    for _, m in model.named_modules():
+    for name, m in model.named_modules():
         kind: Any = type(m)
         if kind in _KERNEL_CLASS and _supported(m):
             for key in ("scales", "biases"):
                 m[key] = m[key].astype(mx.float32)
             m.__class__ = _KERNEL_CLASS[kind]
-            m.int8_activations = int8  # a plain attribute: not a parameter
+            # A plain attribute, not a parameter. The output head keeps float activations:
+            # its rounding would flip near-tied argmaxes directly (SmolLM2 greedy text).
+            m.int8_activations = int8 and not _is_head(name, m)
             switched += 1
     return switched
