@@ -1,7 +1,7 @@
 """Vectorised, multi-threaded affine quantized matmul for MLX on the CPU (an MLX primitive).
 
 MLX's own CPU quantized matmul is scalar and single-threaded. This one (AVX2+FMA when the CPU
-has it, a portable loop otherwise, OpenMP threads over the output rows) computes
+has it, a portable loop otherwise, its own threads over the output rows) computes
 `x @ dequantize(w, scales, biases, group_size, bits).T` in float32 for MLX's affine 4- and
 8-bit layouts with groups of 32, 64 or 128. `available()` is False where the extension was
 not built (no compiler at install time); callers then keep their own path.
