@@ -4,7 +4,8 @@ For SmolLM2-135M's shapes (576->1536, 1536->576, the 49152x576 tied head) and 1 
 of activations (one stream, 8 streams, a 40-token prefill), prints milliseconds per call for:
   float   the kernel with float32 activations (exact up to summation order)
   int8    the kernel with activations quantized to int8 per 32 values (llama.cpp's way)
-  deq+mm  kernels.dequantize + mx.matmul (what a prefill used; fast only with a fast BLAS)
+  deq+mm  kernels.dequantize + mx.matmul (a prefill's path; fast only with a fast BLAS)
+  dense   mx.matmul on weights dequantized ahead (EXO_CPU_KERNELS=off: fp32 weights in memory)
 and the GFLOP/s / weight GB/s of the best. Re-executes itself under the runner's environment
 (LD_PRELOAD of the fast BLAS) so deq+mm sees what a runner sees. Prints numbers only.
 
@@ -46,7 +47,10 @@ def _time_methods(
     import exo_mlx_cpu_kernels as kernels
 
     wq, scales, biases, gs, bits = layer
+    dense = kernels.dequantize(wq, scales, biases, gs, bits)
+    mx.eval(dense)
     times = {
+        "dense": _best_ms(lambda: x @ dense.T, clock),
         "float": _best_ms(lambda: kernels.quantized_matmul(x, wq, scales, biases, gs, bits), clock),
         "deq+mm": _best_ms(lambda: x @ kernels.dequantize(wq, scales, biases, gs, bits).T, clock),
     }
@@ -93,7 +97,10 @@ def main() -> None:
         f"{loaded_blas() or 'bundled reference'}, {args.bits}-bit g{args.group_size}, "
         f"{'CPU' if args.cpu_time else 'wall'} time"
     )
-    print(f"{'shape':>16} {'rows':>4} {'float ms':>9} {'int8 ms':>9} {'deq+mm ms':>10}  best")
+    print(
+        f"{'shape':>16} {'rows':>4} {'float ms':>9} {'int8 ms':>9} {'deq+mm ms':>10}"
+        f" {'dense ms':>9}  best"
+    )
     for label, k, n in SHAPES[:2] if args.no_head else SHAPES:
         w = mx.random.normal((n, k), key=mx.random.key(n))
         wq, scales, biases = mx.quantize(w, group_size=args.group_size, bits=args.bits)
@@ -110,6 +117,7 @@ def main() -> None:
             int8 = f"{times['int8']:9.3f}" if "int8" in times else f"{'-':>9}"
             print(
                 f"{label:>16} {rows:>4} {times['float']:9.3f} {int8} {times['deq+mm']:10.3f}"
+                f" {times['dense']:9.3f}"
                 f"  {best} ({gflops:.1f} GFLOP/s, weights {weight_gbs:.1f} GB/s)"
             )
 
