@@ -334,47 +334,6 @@ __attribute__((target("avx2,fma"))) void dequantize_avx2(
 #endif
 
 #ifdef EXO_X86
-// R rows of x against weight row n, int8 dot products (see "int8 activations" above).
-template <int R, int BITS>
-__attribute__((target("avx2,fma"))) inline void q8_rows_block(
-    const Problem& p, int64_t n, int64_t m0) {
-  const int64_t blocks = p.K / 32;
-  const int group_shift = p.group_size == 32 ? 0 : p.group_size == 64 ? 1 : 2;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w) + n * (p.K * BITS / 8);
-  const float* sr = p.scales + n * p.G;
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    const float s = sr[b >> group_shift];  // a shift: a division here cost ~40 cycles a block
-    __m256i centred;
-    if constexpr (BITS == 4) {
-      // 16 bytes = 32 nibbles: low nibbles are the even elements, high nibbles the odd ones.
-      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 16 * b));
-      const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
-      centred = _mm256_sub_epi8(
-          _mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
-    } else {
-      const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + 32 * b));
-      centred = _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));  // q - 128
-    }
-    // maddubs multiplies unsigned by signed bytes: |w| times x carrying w's sign.
-    const __m256i magnitude = _mm256_abs_epi8(centred);
-    for (int r = 0; r < R; ++r) {
-      const int64_t row = (m0 + r) * p.K;
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.qx + row + 32 * b));
-      const __m256i pairs = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xq, centred));
-      const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-      const __m256 scale = _mm256_set1_ps(s * p.dx[(m0 + r) * blocks + b]);
-      acc[r] = _mm256_fmadd_ps(dot, scale, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    p.out[(m0 + r) * p.N + n] = hsum(acc[r]) + centred_bias_term(p, n, m0 + r);
-}
-
-// Many rows (a prefill): tiles of rows whose int8 activations stay in L1 (~16 KB) while
-// this thread's weight rows pass over them; 4 rows share each loaded weight block.
 // Weight block b, unpacked and centred (q - c as signed bytes, 4 bits in nibble order).
 template <int BITS>
 __attribute__((target("avx2,fma"))) inline __m256i q8_weights(const uint8_t* wr, int64_t b) {
@@ -423,21 +382,58 @@ __attribute__((target("avx2,fma"))) inline void q8_rows_block4(
     p.out[(m0 + r) * p.N + n] = rows4[r] + centred_bias_term(p, n, m0 + r);
 }
 
+// One row of x against 4 weight rows (from n, clamped to n_end - 1), folded the same way:
+// lane j (+ 4) holds weight row j. Each output sees exactly the arithmetic of
+// q8_rows_block4 (the same integer sums, products dx * s, FMAs and final add), so a row's
+// result does not depend on how many rows share its call: a batch equals its solo runs.
+template <int BITS>
+__attribute__((target("avx2,fma"))) inline void q8_row_x4w(
+    const Problem& p, int64_t n, int64_t n_end, int64_t m) {
+  const int64_t blocks = p.K / 32;
+  const int group_shift = p.group_size == 32 ? 0 : p.group_size == 64 ? 1 : 2;
+  const uint8_t* wr[4];
+  const float* sr[4];
+  for (int j = 0; j < 4; ++j) {
+    const int64_t row = std::min(n + j, n_end - 1);
+    wr[j] = reinterpret_cast<const uint8_t*>(p.w) + row * (p.K * BITS / 8);
+    sr[j] = p.scales + row * p.G;
+  }
+  const int8_t* xr = p.qx + m * p.K;
+  const float* dxr = p.dx + m * blocks;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32 * b));
+    __m256i dot[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i centred = q8_weights<BITS>(wr[j], b);
+      dot[j] = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(xq, centred)), ones);
+    }
+    const __m256i folded = _mm256_hadd_epi32(
+        _mm256_hadd_epi32(dot[0], dot[1]), _mm256_hadd_epi32(dot[2], dot[3]));
+    const int64_t g = b >> group_shift;
+    const __m128 s4 = _mm_setr_ps(sr[0][g], sr[1][g], sr[2][g], sr[3][g]);
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(dxr[b]), _mm256_set_m128(s4, s4));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), scale, acc);
+  }
+  alignas(16) float cols4[4];
+  _mm_store_ps(cols4, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+  for (int j = 0; j < 4 && n + j < n_end; ++j)
+    p.out[m * p.N + n + j] = cols4[j] + centred_bias_term(p, n + j, m);
+}
+
 template <int BITS>
 __attribute__((target("avx2,fma"))) void rows_avx2_q8(const Problem& p, int64_t n0, int64_t n1) {
   const int64_t tile = std::max<int64_t>(4, (16384 / p.K) & ~int64_t{3});
   for (int64_t t0 = 0; t0 < p.M; t0 += tile) {
     const int64_t t1 = std::min(p.M, t0 + tile);
     for (int64_t n = n0; n < n1; ++n) {
-      int64_t m0 = t0;
-      for (; m0 + 4 <= t1; m0 += 4) q8_rows_block4<BITS>(p, n, m0);
-      switch (t1 - m0) {
-        case 3: q8_rows_block<3, BITS>(p, n, m0); break;
-        case 2: q8_rows_block<2, BITS>(p, n, m0); break;
-        case 1: q8_rows_block<1, BITS>(p, n, m0); break;
-        default: break;
-      }
+      for (int64_t m0 = t0; m0 + 4 <= t1; m0 += 4) q8_rows_block4<BITS>(p, n, m0);
     }
+    // The last 1-3 rows of the tile (a single decode row): 4 weight rows per pass instead.
+    for (int64_t m = t0 + (t1 - t0) / 4 * 4; m < t1; ++m)
+      for (int64_t n = n0; n < n1; n += 4) q8_row_x4w<BITS>(p, n, n1, m);
   }
 }
 #endif

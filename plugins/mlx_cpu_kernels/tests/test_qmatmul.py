@@ -138,3 +138,14 @@ def test_int8_activations_keep_batch_dims_and_agree_across_threads() -> None:
     np.testing.assert_array_equal(outs[0], outs[1])
     expected, _ = _int8_reference(x.reshape(6, 256), wq, scales, biases, 32, 8)
     np.testing.assert_allclose(outs[0].reshape(6, 4096), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int8_rows_give_the_same_bits_alone_and_in_a_batch(path: str, bits: int) -> None:
+    """Batched decode must equal solo decode: a row's result never depends on its neighbours."""
+    wq, scales, biases = _quantized(203, 384, 64, bits)  # 203: not a multiple of 4 weight rows
+    x = mx.random.normal((9, 384), key=mx.random.key(9))
+    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 64, bits, True))
+    for row in range(9):
+        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits, True)
+        np.testing.assert_array_equal(np.array(alone)[0], batch[row])
