@@ -1,8 +1,8 @@
 """Quantized weights on exo's CPU kernels against the dense fp32 path.
 
-Float activations (the default): tiny random models of each GGUF quantization and
-SmolLM2 agree within 1e-4 of the largest logit (float32 sums in another order), SmolLM2's
-greedy text is identical. int8 activations (EXO_CPU_KERNELS=int8, llama.cpp's way) are not exact: on
+Float activations (the default): tiny random models of each GGUF quantization and SmolLM2
+agree within 1e-4 of the largest logit (float32 sums in another order), SmolLM2's greedy text
+is identical. int8 activations (EXO_CPU_KERNELS=int8, llama.cpp's way) are not exact: on
 SmolLM2 the logits move by ~2 % (median) and up to ~7 % of the largest logit, and the argmax
 changes only where the dense path's top two are nearly tied (margins <= 0.13 seen); asserted
 as <= 12 % and "same argmax wherever the dense margin exceeds 0.5".
