@@ -1,9 +1,11 @@
 """When is reusing a stored prefix worth it? The prefix cache's reuse rule, measured.
 
-    uv run python bench/bench_prefix_cache.py [--lengths 128 512]
+    uv run python bench/bench_prefix_cache.py [--lengths 128 512] [--family gemma3_text]
 
-On the embedded SmolLM2, in a process with a runner's environment (its BLAS and kernels), for
-prompts of each length P and a stored prefix of n tokens, prints side by side:
+On the embedded SmolLM2 (or, with --family, a tiny random-weight model of that family: e.g.
+gemma3_text for rotating sliding-window caches, nemotron_h or qwen3_next for SSM state caches),
+in a process with a runner's environment (its BLAS and kernels), for prompts of each length P
+and a stored prefix of n tokens, prints side by side:
   * fresh: prefill all P tokens into a new cache;
   * reused: `PrefixCache.lookup` (a private copy of the stored cache) plus prefilling the
     P - n tokens left;
@@ -30,6 +32,7 @@ from exo_engine_mlx.loading import load_model
 from exo_engine_mlx.prefix_cache import PrefixCache
 
 model_dir, lengths = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+low, high = int(sys.argv[3]), int(sys.argv[4])  # the token ids drawn
 model, _ = load_model(model_dir)
 rng = random.Random(0)
 STEP = 512
@@ -50,7 +53,7 @@ def best(run, reps=3):
 prefill([1, 2, 3, 4], make_prompt_cache(model))  # warm up
 rows = []
 for length in lengths:
-    tokens = [rng.randrange(1000, 40000) for _ in range(length)]
+    tokens = [rng.randrange(low, high) for _ in range(length)]
     fresh = best(lambda: prefill(tokens, make_prompt_cache(model)))
     for n in sorted({8, 32, length // 4, length // 2, 3 * length // 4, length - 8}):
         stored = make_prompt_cache(model)
@@ -69,9 +72,23 @@ print(json.dumps(rows))
 """
 
 
+def _tiny(out: Path, family: str, window: int) -> tuple[Path, int, int, str]:
+    """A tiny random model of `family`, wide enough that prefill takes measurable time."""
+    from exo_engine_mlx.tiny_model import TINY_FAMILIES, make_tiny_model
+
+    overrides = {"sliding_window": window} if "sliding_window" in TINY_FAMILIES[family] else {}
+    make_tiny_model(
+        out, model_type=family, layers=4, hidden=256, intermediate=512, overrides=overrides
+    )
+    shown = f" window {window}" if overrides else ""
+    return out, 0, 390, f"tiny random {family} (4 layers, hidden 256{shown})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
+    parser.add_argument("--family", help="a tiny random model of this model_type instead")
+    parser.add_argument("--window", type=int, default=128, help="its sliding window, if any")
     args = parser.parse_args()
 
     from exo_engine_mlx.blas import find_fast_blas, runner_env
@@ -79,10 +96,14 @@ def main() -> None:
     from exo_engine_mlx.prefix_cache import PrefixCache
 
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = ensure_embedded_model(Path(tmp) / "models")
+        if args.family:
+            model_dir, low, high, name = _tiny(Path(tmp) / "tiny", args.family, args.window)
+        else:
+            model_dir = ensure_embedded_model(Path(tmp) / "models")
+            low, high, name = 1000, 40000, "SmolLM2-135M"
         lengths = ",".join(str(n) for n in args.lengths)
         out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(model_dir), lengths],
+            [sys.executable, "-c", CHILD, str(model_dir), lengths, str(low), str(high)],
             env=runner_env(),
             capture_output=True,
             text=True,
@@ -90,7 +111,7 @@ def main() -> None:
         )
     rows = json.loads(out.stdout.strip().splitlines()[-1])
     threshold = PrefixCache(budget_bytes=0).min_tokens
-    print(f"SmolLM2-135M, BLAS={find_fast_blas() or 'bundled'}, best of 3, seconds")
+    print(f"{name}, BLAS={find_fast_blas() or 'bundled'}, best of 3, seconds")
     print(f"the engine reuses a stored prefix of >= {threshold} tokens\n")
     print(
         f"{'prompt':>7} {'stored':>7} {'fresh':>8} {'reused':>8} {'copy':>8} {'fresh/reused':>13}"

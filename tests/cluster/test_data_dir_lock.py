@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_core.coalesce import REFRESH_S
 from exo_core.testing.harness import free_port
 from exo_core.testing.processes import exo_processes, wait_until
 
@@ -52,6 +51,11 @@ def test_a_second_exo_on_the_same_data_dir_exits_and_the_first_keeps_serving(
         assert log.read_bytes().startswith(before)
         assert sorted(p.name for p in first.data_dir.iterdir()) == files
         last = first.get("/healthz")["last_index"]
-        # Still the log's one writer: it appends again (an idle node's telemetry is
-        # re-committed at least every REFRESH_S; news comes sooner).
-        wait_until(lambda: first.get("/healthz")["last_index"] > last, timeout=REFRESH_S + 30)
+        # Still the log's one writer: a command it accepts is committed and appended.
+        placed = httpx.post(
+            f"{first.url}/instance", json={"model_id": "SmolLM2-135M-Instruct"}, timeout=60
+        )
+        assert placed.status_code == 201, placed.text
+        wait_until(lambda: first.get("/healthz")["last_index"] > last, timeout=30)
+        assert log.read_bytes().startswith(before)
+        assert len(log.read_bytes()) > len(before)

@@ -4,6 +4,8 @@ that raises in any hook is named once and left out while the node keeps starting
 from __future__ import annotations
 
 import ast
+import re
+import tomllib
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,6 +75,50 @@ def test_the_check_catches_a_private_import(tmp_path: Path) -> None:
         ]
     finally:
         module.unlink()
+
+
+def _undeclared_exo_imports(package_dir: Path, root: Path = ROOT) -> list[str]:
+    """`exo_*` packages a plugin's own code imports without depending on them: a plugin that
+    reached into another plugin would break when that one is not installed."""
+    project = tomllib.loads((package_dir.parents[1] / "pyproject.toml").read_text())["project"]
+    declared = {
+        re.split(r"[\s\[<>=;]", dep, maxsplit=1)[0].replace("-", "_")
+        for dep in project.get("dependencies", [])
+    }
+    allowed = declared | {package_dir.name, "exo_core"}
+    bad = []
+    for path in package_dir.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                top = name.split(".")[0]
+                if top.startswith("exo_") and top not in allowed:
+                    bad.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
+    return bad
+
+
+def test_plugins_import_no_other_plugin_they_do_not_depend_on() -> None:
+    packages = [p for p in (ROOT / "plugins").glob("*/src/exo_*") if p.is_dir()]
+    assert len(packages) >= 8
+    assert [line for p in packages for line in _undeclared_exo_imports(p)] == []
+
+
+def test_the_dependency_check_catches_a_plugin_importing_another(tmp_path: Path) -> None:
+    package = tmp_path / "plugins" / "probe" / "src" / "exo_probe"
+    package.mkdir(parents=True)
+    (package.parents[1] / "pyproject.toml").write_text(
+        '[project]\nname = "exo-probe"\ndependencies = ["exo-core", "exo-api-openai>=0.1"]\n'
+    )
+    (package / "m.py").write_text(
+        "import exo_api_openai.routes\nfrom exo_engine_mlx.harmony import is_harmony\n"
+    )
+    assert _undeclared_exo_imports(package, root=tmp_path) == [
+        "plugins/probe/src/exo_probe/m.py:2 imports exo_engine_mlx.harmony"
+    ]
 
 
 def test_the_public_module_exports_what_it_lists() -> None:

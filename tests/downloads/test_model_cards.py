@@ -9,6 +9,7 @@ import pytest
 from exo_core.model_cards import Capability, ModelCard, load_card_file
 from exo_download_hf import plugin
 from exo_download_hf.cards import CardError, card_dir, card_from_config, hub_ref
+from exo_download_hf.chat_format import detect
 from exo_download_hf.hub import RemoteFile
 from exo_download_hf.verify import ExpectedHash
 
@@ -116,3 +117,71 @@ def test_a_custom_card_takes_its_context_length_from_the_config() -> None:
         "max_position_embeddings": 131072,
     }
     assert card_from_config("mlx-community/x", config, _weights(10)).context_length == 131072
+
+
+def _added(*tokens: str) -> dict[str, dict[str, object]]:
+    # tokenizer_config.json's added tokens, as transformers writes them.
+    return {str(1000 + i): {"content": t, "special": True} for i, t in enumerate(tokens)}
+
+
+# Chat-template pieces with each family's markers (what mlx-lm's detection reads), and the
+# parsers and capabilities a custom card then records.
+QWEN3 = {
+    "chat_template": (
+        "{%- if tools %}<tools>{{ tools }}</tools>{% endif %}"
+        '{%- for tool_call in m.tool_calls %}<tool_call>\\n{"name": "{{ tool_call.name }}"}'
+        "</tool_call>{% endfor %}{%- if enable_thinking is false %}<think>\\n\\n</think>{% endif %}"
+    ),
+    "added_tokens_decoder": _added("<think>", "</think>", "<tool_call>", "</tool_call>"),
+}
+MINIMAX_M2 = {
+    "chat_template": "{% if tools %}<minimax:tool_call>{% endif %}",
+    "added_tokens_decoder": _added("<think>", "</think>"),
+}
+KIMI_K2 = {
+    "chat_template": [
+        {"name": "tool_use", "template": "nothing"},
+        {"name": "default", "template": "{% if tools %}<|tool_calls_section_begin|>{% endif %}"},
+    ]
+}
+
+GPT_OSS = {  # Harmony: no markers in the template mlx-lm knows; the vocabulary tells
+    "chat_template": "{{ messages }}",
+    "added_tokens_decoder": _added(
+        "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("tokenizer_config", "tool_parser", "reasoning_parser", "capabilities"),
+    [
+        (
+            QWEN3,
+            "hermes",  # mlx-lm's json_tools: the core's hermes parser reads it
+            "think",
+            {Capability.THINKING, Capability.THINKING_TOGGLE, Capability.TOOLS},
+        ),
+        (MINIMAX_M2, "minimax_m2", "think", {Capability.THINKING, Capability.TOOLS}),
+        (KIMI_K2, "kimi_k2", None, {Capability.TOOLS}),  # the "default" named template
+        (GPT_OSS, "harmony", None, {Capability.THINKING, Capability.TOOLS}),
+        ({"chat_template": "{{ messages }}"}, None, None, set()),
+        ({}, None, None, set()),
+    ],
+    ids=["qwen3", "minimax_m2", "kimi_k2", "gpt_oss", "plain", "none"],
+)
+def test_a_custom_card_detects_its_parsers_from_the_tokenizer_config(
+    tokenizer_config: dict[str, object],
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    capabilities: set[Capability],
+) -> None:
+    config = {"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64}
+    card = card_from_config("org/x", config, _weights(5), detect(tokenizer_config))
+    assert (card.tool_parser, card.reasoning_parser) == (tool_parser, reasoning_parser)
+    assert set(card.capabilities) == {Capability.TEXT, *capabilities}
+
+
+def test_a_chat_template_file_overrides_the_config() -> None:
+    found = detect({"chat_template": "{{ messages }}"}, "<minimax:tool_call>")
+    assert found.tool_parser == "minimax_m2"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from exo_core.testing.harness import RunningNode, running_node
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.testing import HubStandIn
 
-from .support import TINY, WEIGHTS, HubEnginePlugin, Reports, card, wait
+from .support import TINY, WEIGHTS, HubEnginePlugin, Reports, card, tiny_files, wait
 
 
 @pytest.fixture
@@ -183,3 +184,37 @@ def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
         progress = node.node.state.downloads[me][ModelId(TINY)]
         assert progress.path == str(kept) and progress.read_only is True
         assert (kept / "model.safetensors").exists()
+
+
+def test_a_custom_card_records_the_parsers_its_tokenizer_shows(
+    node: RunningNode, hub: HubStandIn
+) -> None:
+    """A Qwen3-style repo (hermes tool calls, <think> with a switch) and a MiniMax M2 one whose
+    template is a chat_template.jinja file: /models/add records what mlx-lm's detection finds,
+    /models shows it."""
+    added = {"1000": {"content": "<think>"}, "1001": {"content": "</think>"}}
+    qwen = {
+        "chat_template": "{% for tool_call in calls %}<tool_call>{{ tool_call.name }}{% endfor %}"
+        "{% if enable_thinking %}{% endif %}",
+        "added_tokens_decoder": added,
+    }
+    files = {**tiny_files(), "tokenizer_config.json": json.dumps(qwen).encode()}
+    hub.add_repo("org/qwen-style", files)
+    minimax = {
+        **tiny_files(),
+        "tokenizer_config.json": json.dumps({"added_tokens_decoder": added}).encode(),
+    }
+    hub.add_repo("org/m2-style", {**minimax, "chat_template.jinja": b"<minimax:tool_call>"})
+    for repo, tool, capabilities in [
+        ("org/qwen-style", "hermes", ["text", "thinking", "thinking_toggle", "tools"]),
+        ("org/m2-style", "minimax_m2", ["text", "thinking", "tools"]),
+    ]:
+        answer = httpx.post(f"{node.url}/models/add", json={"model_id": repo})
+        assert answer.status_code == 201, answer.text
+        shown = models(node)[repo]
+        for body in (answer.json(), shown):
+            assert (body["tool_parser"], body["reasoning_parser"]) == (tool, "think")
+            assert body["capabilities"] == capabilities
+    # The tiny repo's template names no tools and no thinking: a text-only card.
+    plain = httpx.post(f"{node.url}/models/add", json={"model_id": TINY}).json()
+    assert plain["capabilities"] == ["text"] and plain["tool_parser"] is None

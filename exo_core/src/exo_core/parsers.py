@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import abc
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from exo_core.generation import (
     Chunk,
@@ -25,6 +25,15 @@ from exo_core.generation import (
 )
 from exo_core.ids import TaskId, new_id
 from exo_core.model_cards import ModelCard
+
+# gpt-oss's Harmony format: a vocabulary holding all of these markers speaks it. Here in the
+# core because both the engine (to parse) and the downloader (to label a custom card) ask.
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>")
+
+
+def speaks_harmony(vocabulary: Collection[str]) -> bool:
+    """Whether a tokenizer vocabulary carries Harmony's markers (gpt-oss)."""
+    return all(marker in vocabulary for marker in HARMONY_MARKERS)
 
 
 class OutputParser(abc.ABC):

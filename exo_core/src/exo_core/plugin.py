@@ -102,6 +102,7 @@ from exo_core.model_cards import (
     load_card_file,
 )
 from exo_core.parsers import (
+    HARMONY_MARKERS,
     ChainedParser,
     OutputParser,
     ParserFactory,
@@ -111,6 +112,7 @@ from exo_core.parsers import (
     ToolBlockReader,
     ToolCallParseError,
     read_hermes,
+    speaks_harmony,
     split_held,
     tool_call,
 )
@@ -191,6 +193,7 @@ __all__ = [
     "ACCEPTS_OPT",
     "API_VERSION",
     "GEMM_SYMBOLS",
+    "HARMONY_MARKERS",
     "NDJSON_MEDIA_TYPE",
     "UNFINISHED",
     "AddModelCard",
@@ -345,6 +348,7 @@ __all__ = [
     "runnable",
     "runner_env",
     "shim_for",
+    "speaks_harmony",
     "split_held",
     "split_layers",
     "sse",

@@ -42,6 +42,17 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("qwen3_next", "mlx-lm", False),
         ("gpt_oss", "layers", True),  # its own forward on a slice of its layers
         ("minimax_m2", "layers", True),  # an alias of minimax
+        # The rest of the families the issue names: every one splits pipeline-wise.
+        ("deepseek_v32", "mlx-lm", True),
+        ("glm4_moe", "mlx-lm", True),
+        ("qwen3_5", "mlx-lm", True),
+        ("qwen3_5_moe", "mlx-lm", True),  # its model extends qwen3_5's, which has the mixin
+        ("step3p5", "layers", True),
+        ("gemma", "layers", False),  # the embedding scale only on the first rank
+        ("gemma2", "layers", False),
+        ("gemma3", "layers", False),  # a multimodal wrapper of gemma3_text
+        ("gemma3_text", "layers", False),  # sliding layers by their index in the whole model
+        ("nemotron_h", "layers", False),  # caches only in mamba and attention blocks
         ("longcat_flash", None, True),
     ],
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from exo_core.plugin import Capability, ModelCard, ModelId, load_card_dir
+from exo_download_hf.chat_format import ChatFormat
 from exo_download_hf.hub import RemoteFile
 
 SOURCE_PREFIX = "hf:"
@@ -111,9 +112,13 @@ def _quantization(config: dict[str, Any]) -> str:
 
 
 def card_from_config(
-    repo_id: str, config: dict[str, Any], files: tuple[RemoteFile, ...] | list[RemoteFile]
+    repo_id: str,
+    config: dict[str, Any],
+    files: tuple[RemoteFile, ...] | list[RemoteFile],
+    chat: ChatFormat | None = None,
 ) -> ModelCard:
-    """A custom card from a hub repo's config.json and its file sizes.
+    """A custom card from a hub repo's config.json and its file sizes, with the parsers and
+    capabilities `chat` found in its tokenizer files.
 
     Multimodal configs nest the language model's figures under `text_config`; the family is the
     top-level `model_type`. Storage is the size of the safetensors weights."""
@@ -134,7 +139,8 @@ def card_from_config(
     weights = sum(f.size for f in files if f.path.endswith(WEIGHT_SUFFIX))
     if weights == 0:
         raise CardError(f"{repo_id} has no {WEIGHT_SUFFIX} weights")
-    capabilities = [Capability.TEXT]
+    chat = chat or ChatFormat()
+    capabilities = [Capability.TEXT, *chat.capabilities]
     if isinstance(config.get("vision_config"), dict):
         capabilities.append(Capability.VISION)
     return ModelCard(
@@ -150,5 +156,7 @@ def card_from_config(
         supports_tensor=family in TENSOR_PARALLEL_TYPES,
         capabilities=tuple(capabilities),
         source=f"{SOURCE_PREFIX}{repo_id}",
+        reasoning_parser=chat.reasoning_parser,
+        tool_parser=chat.tool_parser,
         custom=True,
     )

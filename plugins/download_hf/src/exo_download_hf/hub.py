@@ -9,6 +9,7 @@ the repo metadata and ranged GETs into files we keep ourselves. The endpoint is 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -143,16 +144,21 @@ class HubClient:
             raise HubError(f"{repo_id}: the hub gave no commit for revision {revision}")
         return RepoSnapshot(repo_id=repo_id, commit=info.sha, files=tuple(files))
 
-    def read_json(self, repo_id: str, path: str, revision: str = "main") -> Any:
-        """A small JSON file of the repo (such as config.json), without caching it anywhere."""
+    def read_text(self, repo_id: str, path: str, revision: str = "main") -> str:
+        """A small text file of the repo (such as config.json), without caching it anywhere."""
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         with self._translated(f"{repo_id}/{path}"):
             response = get_session().get(
                 url, headers=build_hf_headers(token=self._token), timeout=CONNECT_TIMEOUT_S
             )
             hf_raise_for_status(response)
+        return response.text
+
+    def read_json(self, repo_id: str, path: str, revision: str = "main") -> Any:
+        """A small JSON file of the repo (such as config.json), without caching it anywhere."""
+        text = self.read_text(repo_id, path, revision)
         try:
-            return response.json()
+            return json.loads(text)
         except ValueError as e:
             raise HubError(f"{repo_id}/{path} is not valid JSON: {e}") from e
 

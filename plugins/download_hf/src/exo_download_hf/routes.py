@@ -4,6 +4,7 @@ delete downloads. Errors are native: `{"status_code": N, "detail": "..."}`.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,8 +30,9 @@ from exo_core.plugin import (
     native_error,
 )
 from exo_download_hf.cards import CardError, card_from_config, ref_for
+from exo_download_hf.chat_format import ChatFormat, detect
 from exo_download_hf.downloader import HfDownloader
-from exo_download_hf.hub import HubClient, HubError
+from exo_download_hf.hub import HubClient, HubError, RepoSnapshot
 
 # A hub repo id: `name` or `org/name`, letters, digits, `-`, `_`, `.`.
 REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
@@ -69,6 +71,21 @@ def _refuse_unsafe(model_id: str) -> Response[Any] | None:
     return native_error(422, f"'{model_id}' is not a valid model id: {problem}")
 
 
+def _chat_format(hub: HubClient, snapshot: RepoSnapshot) -> ChatFormat:
+    """The parsers and capabilities the repo's tokenizer files show; none when it has none
+    (a repo without a tokenizer config, or one that is not JSON, still gets its card)."""
+    names = {f.path for f in snapshot.files}
+    config: Any = {}
+    if "tokenizer_config.json" in names:
+        with contextlib.suppress(HubError):
+            config = hub.read_json(snapshot.repo_id, "tokenizer_config.json", snapshot.commit)
+    template = None
+    if "chat_template.jinja" in names:
+        with contextlib.suppress(HubError):
+            template = hub.read_text(snapshot.repo_id, "chat_template.jinja", snapshot.commit)
+    return detect(config if isinstance(config, dict) else {}, template)
+
+
 @post("/models/add", status_code=201)
 async def add_model(node: InjectedNode, data: JSONBody[AddModelBody]) -> Response[Any]:
     repo_id = data.model_id.strip()
@@ -88,7 +105,7 @@ async def add_model(node: InjectedNode, data: JSONBody[AddModelBody]) -> Respons
         config = hub.read_json(repo_id, "config.json", snapshot.commit)
         if not isinstance(config, dict):
             raise CardError(f"{repo_id}: config.json is not a JSON object")
-        return card_from_config(repo_id, config, snapshot.files)
+        return card_from_config(repo_id, config, snapshot.files, _chat_format(hub, snapshot))
 
     try:
         card = await anyio.to_thread.run_sync(build)

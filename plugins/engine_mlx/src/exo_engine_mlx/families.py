@@ -60,11 +60,14 @@ def family_support(model_type: str) -> FamilySupport:
         return FamilySupport(model_type, False, None, False, "mlx-lm has no model class for it")
     from mlx_lm.models.pipeline import PipelineMixin
 
-    # The module's model stack carries mlx-lm's PipelineMixin (defined there or imported);
-    # the runner finds that part at load time (`distributed.pipeline._mixin_part`).
+    # The module's model stack carries mlx-lm's PipelineMixin (defined there or imported, or
+    # in the module of a model class it extends, as qwen3_5_moe extends qwen3_5); the runner
+    # finds that part at load time (`distributed.pipeline._mixin_part`).
+    modules = {inspect.getmodule(cls) for cls in inspect.getmro(model)} - {None}
     mixin = any(
         inspect.isclass(obj) and issubclass(obj, PipelineMixin) and obj is not PipelineMixin
-        for obj in vars(module).values()
+        for m in modules
+        for obj in vars(m).values()
     )
     name = module_name(model_type)
     sliced = name in PIPELINE_MODEL_TYPES or name in SLICED_MODEL_TYPES

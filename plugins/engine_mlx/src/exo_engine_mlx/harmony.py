@@ -26,6 +26,7 @@ from exo_core.plugin import (
     ThinkingChunk,
     ToolCallChunk,
     ToolCallParseError,
+    speaks_harmony,
     split_held,
     tool_call,
 )
@@ -44,7 +45,7 @@ def is_harmony(tokenizer: Any) -> bool:
         vocab: Any = tokenizer.get_vocab()
     except Exception:  # a tokenizer without a vocabulary view
         return False
-    return all(marker in vocab for marker in (START, CHANNEL, MESSAGE, END, CALL))
+    return speaks_harmony(vocab)
 
 
 def read_call(recipient: str, body: str) -> list[Any]:

@@ -189,6 +189,32 @@ TINY_FAMILIES: dict[str, dict[str, Any]] = {
         "moe_layers_enum": "1,2,3",
         "use_head_wise_attn_gate": True,
     },
+    # Gemma scales the embedding by sqrt(hidden_size); Gemma 2 soft-caps its logits; Gemma 3
+    # has sliding layers and every second one global, chosen by the layer's index.
+    "gemma": {"head_dim": 16},
+    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16},
+    "gemma3_text": {
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 8,
+        "sliding_window_pattern": 2,
+    },
+    # Hybrid mamba / attention / MLP blocks: only mamba and attention blocks hold a cache.
+    "nemotron_h": {
+        "hybrid_override_pattern": ["M", "-", "*", "M"],
+        "head_dim": 16,
+        "attention_bias": False,
+        "mamba_num_heads": 4,
+        "mamba_head_dim": 16,
+        "mamba_proj_bias": False,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "n_groups": 2,
+        "mlp_bias": False,
+        "layer_norm_epsilon": 1e-5,
+        "use_bias": False,
+        "use_conv_bias": True,
+    },
 }
 
 
@@ -214,6 +240,7 @@ def make_tiny_model(
     chat_template: str = CHAT_TEMPLATE,
     corpus: Sequence[str] = (),
     eos_tokens: Sequence[str] = ("<|im_end|>",),
+    overrides: dict[str, Any] | None = None,
 ) -> Path:
     """Write an MLX model directory of `model_type` (see `TINY_FAMILIES`) that `mlx_lm.load`
     reads, built from mlx-lm's own model class with random weights. Returns `out`.
@@ -221,7 +248,8 @@ def make_tiny_model(
     `special_tokens`, `chat_template` and `corpus` shape its tokenizer (see
     `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers;
     `eos_tokens` are the tokens that end a sequence (gpt-oss ends at `<|return|>` and
-    `<|call|>`)."""
+    `<|call|>`); `overrides` replace entries of the family's tiny config (a benchmark's
+    sliding window)."""
     import importlib
 
     if model_type not in TINY_FAMILIES:
@@ -249,6 +277,7 @@ def make_tiny_model(
         "max_position_embeddings": 2048,
         "torch_dtype": "float32",
         **TINY_FAMILIES[model_type],
+        **(overrides or {}),
     }
     eos = _token_ids(out, eos_tokens)
     config["eos_token_id"] = eos[0] if len(eos) == 1 else eos

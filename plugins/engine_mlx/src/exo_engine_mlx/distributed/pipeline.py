@@ -7,10 +7,12 @@ Two ways, chosen by the model's class (`split_pipeline`):
   masks and caches (MoE, hybrid attention/SSM) as mlx-lm wrote them. mlx-lm gives rank 0 the
   *last* layers and every rank the final hidden state, so every rank computes the same logits.
 * `PipelineStage` below, for llama-shaped models without the mixin.
-* `SlicedStage` below, for the other families whose forward pass is a plain loop over their
-  layers, one cache per layer (gpt-oss, MiniMax, Step 3.5): the family's own forward runs on
+* `SlicedStage` below, for the other families whose forward pass is a loop over their
+  layers (gpt-oss, MiniMax, Step 3.5, Gemma 1-3, Nemotron-H): the family's own forward runs on
   this rank's slice of the layers, with the tokens' embedding replaced by the hidden state
-  received from the rank before, and (before the last rank) the final norm left out.
+  received from the rank before, and (before the last rank) the final norm left out. What
+  differs per family (mask indices, an embedding scale, caches only in some layers, a forward
+  that reads layer kinds by list position) is its `Slicing` in `SLICED_MODEL_TYPES`.
 
 In a `PipelineStage`, rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
 from the rank before it; the last rank applies the final norm and the head. The last rank's
@@ -24,13 +26,14 @@ never read from disk.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -51,12 +54,91 @@ def _step3p5_indices(inner: Any) -> None:
     inner.num_layers = len(inner.layers)
 
 
-# Families `SlicedStage` splits: after slicing, how the inner model re-finds its mask indices
-# (None: its masks come from its first cache, right for any slice). Each has a 2-rank test.
-SLICED_MODEL_TYPES: dict[str, Callable[[Any], None] | None] = {
-    "gpt_oss": _gpt_oss_indices,
-    "minimax": None,
-    "step3p5": _step3p5_indices,
+def _nemotron_h_indices(inner: Any) -> None:
+    # Only mamba ("M") and attention ("*") blocks hold a cache; the forward takes its masks
+    # from the first cache of each kind, counted among the caches, not the layers. A slice
+    # without one kind points past its caches, at the None `_nemotron_h_forward` adds.
+    kinds = [layer.block_type for layer in inner.layers if layer.block_type in "M*"]
+    inner.fa_idx = kinds.index("*") if "*" in kinds else len(kinds)
+    inner.ssm_idx = kinds.index("M") if "M" in kinds else len(kinds)
+
+
+def _nemotron_h_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    # The extra None: a mask for a kind of block this slice lacks is made without a cache
+    # (and never used); the blocks take their caches in order, so never reach it.
+    caches = cache if cache is not None else [None] * len(inner.layers)
+    return inner(inputs, cache=[*caches, None])
+
+
+def _gemma3_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """Gemma 3's forward on a slice of its layers. Its own forward tells sliding from global
+    layers by the position in the list, which a slice shifts; each attention block knows its
+    kind from its index in the whole model (`is_sliding`), so that decides here."""
+    h = inner.embed_tokens(inputs)
+    h = h * mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
+    sliding = [bool(layer.self_attn.is_sliding) for layer in inner.layers]
+    full_cache = next((c for c, s in zip(caches, sliding, strict=True) if not s), None)
+    window_cache = next((c for c, s in zip(caches, sliding, strict=True) if s), None)
+    full_mask = create_attention_mask(h, full_cache)
+    window_mask = create_attention_mask(h, window_cache, window_size=inner.window_size)
+    for layer, c, s in zip(inner.layers, caches, sliding, strict=True):
+        h = layer(h, window_mask if s else full_mask, c)
+    return inner.norm(h)
+
+
+def _gemma3_caches(inner: Any) -> list[Any]:
+    return [
+        RotatingKVCache(max_size=inner.window_size) if layer.self_attn.is_sliding else KVCache()
+        for layer in inner.layers
+    ]
+
+
+def _gemma2_head(text: Any, h: mx.array) -> mx.array:
+    # Gemma 2 caps its logits softly after the tied head, as its own forward does.
+    cap = float(text.final_logit_softcapping)
+    return mx.tanh(text.model.embed_tokens.as_linear(h) / cap) * cap
+
+
+@dataclass(frozen=True)
+class Slicing:
+    """How `SlicedStage` cuts one family. By default the family's own inner forward runs on
+    the rank's slice, one cache per layer, the head is its lm_head or tied embedding."""
+
+    inner: str = "model"  # the text model's attribute holding the layer stack
+    embedding: str = "embed_tokens"
+    norm: str = "norm"
+    # After the cut: re-find the mask indices the inner forward reads (None: its masks come
+    # from its first cache, right for any slice).
+    reindex: Callable[[Any], None] | None = None
+    # The inner forward multiplies the embedding by sqrt(args.hidden_size) (Gemma): a later
+    # rank receives an already scaled hidden state, so it must see a scale of 1.
+    scaled_embedding: bool = False
+    forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
+    caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
+    caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
+    head: Callable[[Any, mx.array], mx.array] | None = None  # (text model, last hidden) -> logits
+
+
+_GEMMA = Slicing(scaled_embedding=True)
+# Families `SlicedStage` splits. Each has a 2-rank test (test_family_groups) or shares its
+# code path with one that does (gemma with gemma2; gemma3 wraps gemma3_text; minimax).
+SLICED_MODEL_TYPES: dict[str, Slicing] = {
+    "gpt_oss": Slicing(reindex=_gpt_oss_indices),
+    "minimax": Slicing(),
+    "step3p5": Slicing(reindex=_step3p5_indices),
+    "gemma": _GEMMA,
+    "gemma2": Slicing(scaled_embedding=True, head=_gemma2_head),
+    "gemma3_text": Slicing(scaled_embedding=True, forward=_gemma3_forward, caches=_gemma3_caches),
+    "gemma3": Slicing(scaled_embedding=True, forward=_gemma3_forward, caches=_gemma3_caches),
+    "nemotron_h": Slicing(
+        inner="backbone",
+        embedding="embeddings",
+        norm="norm_f",
+        reindex=_nemotron_h_indices,
+        forward=_nemotron_h_forward,
+        caches_per_layer=False,
+    ),
 }
 
 
@@ -254,6 +336,19 @@ class _Dropped(nn.Module):
         return x
 
 
+def _carry(cache: list[Any] | None, sent: mx.array) -> None:
+    """Make this rank's caches carry the send: a prefill step evaluates only the caches."""
+    for c in reversed(cache or []):
+        if isinstance(c, ArraysCache):
+            if c[0] is not None:  # an SSM state
+                c[0] = mx.depends(c[0], sent)
+                return
+        elif getattr(c, "keys", None) is not None:  # a KV cache, plain or rotating
+            kv: Any = c
+            kv.keys = mx.depends(kv.keys, sent)
+            return
+
+
 class SlicedStage(nn.Module):
     """One rank's part of a family in `SLICED_MODEL_TYPES`: the family's own model, cut to
     layers [start, end), callable like the whole model."""
@@ -262,47 +357,66 @@ class SlicedStage(nn.Module):
         super().__init__()
         from mlx_lm.utils import MODEL_REMAPPING
 
-        full: Any = model  # a model class of mlx-lm: typed by duck, checked by the caller
-        model_type = str(full.model_type)
-        inner = full.model
+        model_type = str(getattr(model, "model_type", ""))
+        self._slicing = how = SLICED_MODEL_TYPES[MODEL_REMAPPING.get(model_type, model_type)]
+        # A model class of mlx-lm, typed by duck (checked by the caller); a multimodal wrapper
+        # (Gemma 3) keeps the text model as `language_model`.
+        text: Any = getattr(model, "language_model", model)
+        inner = getattr(text, how.inner)
         n_layers = len(inner.layers)
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
-        self._hidden_size = int(full.args.hidden_size)
-        self._vocab_size = int(full.args.vocab_size)
+        self._hidden_size = int(text.args.hidden_size)
+        self._vocab_size = int(text.args.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         for name, value in list(inner.items()):
             if isinstance(value, list) and len(value) == n_layers and name != "layers":
                 inner[name] = value[start:end]
         inner.layers = inner.layers[start:end]
-        reindex = SLICED_MODEL_TYPES[MODEL_REMAPPING.get(model_type, model_type)]
-        if reindex is not None:
-            reindex(inner)
-        tied = not hasattr(full, "lm_head")
+        if how.reindex is not None:
+            how.reindex(inner)
+        tied = not hasattr(text, "lm_head")
         if not self.first:
-            head = inner.embed_tokens if self.last and tied else None
-            inner.embed_tokens = _Received(self.receive, head)
+            head = getattr(inner, how.embedding) if self.last and tied else None
+            setattr(inner, how.embedding, _Received(self.receive, head))
+            if how.scaled_embedding:
+                inner.args = replace(inner.args, hidden_size=1)
         if not self.last:
-            inner.norm = _Dropped()
+            setattr(inner, how.norm, _Dropped())
             if not tied:
-                full.lm_head = _Dropped()
-        self.model = full
+                text.lm_head = _Dropped()
+        self.model = model
         self._tied = tied
-        if len(self.make_cache()) != len(self.layers):  # the send rides on the last cache
+        caches = self.make_cache()
+        if how.caches_per_layer and len(caches) != len(self.layers):
             raise PipelineUnsupported(f"{model_type}: its caches do not follow its layers")
+        if not caches:  # the send rides on a cache
+            raise PipelineUnsupported(
+                f"{model_type}: layers [{start}, {end}) hold no cache; give this rank more layers"
+            )
 
     @property
     def group(self) -> mx.distributed.Group:
         return self._group
 
     @property
+    def _text(self) -> Any:
+        return getattr(self.model, "language_model", self.model)
+
+    @property
+    def _inner(self) -> Any:
+        return getattr(self._text, self._slicing.inner)
+
+    @property
     def layers(self) -> list[Any]:
-        return self.model.model.layers
+        return self._inner.layers
 
     def make_cache(self) -> list[Any]:
+        if self._slicing.caches is not None:
+            return self._slicing.caches(self._inner)
         own = getattr(self.model, "make_cache", None)
         return own() if own is not None else [KVCache() for _ in self.layers]
 
@@ -311,21 +425,25 @@ class SlicedStage(nn.Module):
         template = mx.zeros(shape, dtype=_float_dtype(self.layers[0]))
         return mx.distributed.recv_like(template, self._rank - 1, group=self._group)
 
+    def _logits(self, h: mx.array) -> mx.array:
+        """The head as the family's own forward applies it."""
+        if self._slicing.head is not None:
+            return self._slicing.head(self._text, h)
+        if self._tied:
+            return getattr(self._inner, self._slicing.embedding).as_linear(h)
+        return self._text.lm_head(h)
+
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
-        inner = self.model.model
-        h = inner(inputs, cache=cache)
+        forward = self._slicing.forward
+        inner = self._inner
+        h = forward(inner, inputs, cache) if forward is not None else inner(inputs, cache=cache)
         if self.last:
-            # The head as these families' own forward applies it, on the last position only.
-            out = h[:, -1:, :]
-            logits = inner.embed_tokens.as_linear(out) if self._tied else self.model.lm_head(out)
             # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
-            logits = logits.astype(mx.float32)
+            logits = self._logits(h[:, -1:, :]).astype(mx.float32)
         else:
             h = h.astype(_float_dtype(self.layers[0]))
             sent = mx.distributed.send(h, self._rank + 1, group=self._group)
-            # A prefill step evaluates only the caches: make them carry the send.
-            if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
-                cache[-1].keys = mx.depends(cache[-1].keys, sent)
+            _carry(cache, sent)
             batch = inputs.shape[0]
             logits = mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
         # Every rank gets the last rank's logits (the others add zeros), inside the graph.
