@@ -1,7 +1,11 @@
 """Quantized weights on exo's CPU kernels against the dense fp32 path.
 
-Tiny random models of each GGUF quantization, and SmolLM2: logits agree within 1e-4 of their
-largest magnitude (float32 sums in another order), greedy text is identical.
+Float activations (the default): tiny random models of each GGUF quantization and SmolLM2
+agree within 1e-4 of the largest logit (float32 sums in another order), SmolLM2's greedy text
+is identical. int8 activations (EXO_CPU_KERNELS=int8, llama.cpp's way) are not exact: on
+SmolLM2 the logits move by ~2 % (median) and up to ~7 % of the largest logit, and the argmax
+changes only where the dense path's top two are nearly tied (margins <= 0.13 seen); asserted
+as <= 12 % and "same argmax wherever the dense margin exceeds 0.5".
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from exo_engine_mlx.blas import dequantize_model
 from exo_engine_mlx.cpu_kernels import (
     KernelQuantizedEmbedding,
     KernelQuantizedLinear,
+    int8_activations,
     kernel_ready,
     kernels_requested,
     use_kernels,
@@ -39,13 +44,31 @@ PROMPTS = [
 ]
 
 
-def _both(model_dir: Path) -> tuple[Any, Any, Any]:
-    kernel_model, tokenizer = mlx_lm.load(str(model_dir))[:2]
+INT8_MAX_LOGIT_ERROR = 0.12  # of the largest |logit| per position
+INT8_TIE_MARGIN = 0.5  # below this dense top-1 margin, int8 may pick the runner-up
+
+
+def _kernel_model(model_dir: Path, int8: bool) -> tuple[Any, Any]:
+    model, tokenizer = mlx_lm.load(str(model_dir))[:2]
+    assert kernel_ready(model)
+    assert use_kernels(model, int8=int8) > 0
+    return model, tokenizer
+
+
+def _both(model_dir: Path, int8: bool = False) -> tuple[Any, Any, Any]:
+    kernel_model, tokenizer = _kernel_model(model_dir, int8)
     dense_model = mlx_lm.load(str(model_dir))[0]
-    assert kernel_ready(kernel_model)
-    assert use_kernels(kernel_model) > 0
     dequantize_model(dense_model)
     return kernel_model, dense_model, tokenizer
+
+
+def _assert_int8_close(got: np.ndarray, want: np.ndarray) -> None:
+    """int8-activation logits against dense ones, [positions, vocab]: the stated tolerance."""
+    top = np.abs(want).max(-1)
+    assert np.all(np.abs(got - want).max(-1) <= INT8_MAX_LOGIT_ERROR * top)
+    ranked = np.sort(want, axis=-1)
+    clear = ranked[:, -1] - ranked[:, -2] > INT8_TIE_MARGIN
+    assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
 @pytest.mark.parametrize(
@@ -60,13 +83,16 @@ def test_tiny_gguf_logits_match_dense(
     kinds = {type(m) for _, m in kernel_model.named_modules()}
     assert KernelQuantizedLinear in kinds and nn.QuantizedLinear not in kinds
     ids = mx.array([[3, 17, 42, 99, 5, 250, 7]])
+    int8_model, _ = _kernel_model(tmp_path / "m", int8=True)
     for rows in (ids, ids[:, :1]):  # a prefill-sized call and a one-token call
         got, want = np.array(kernel_model(rows)), np.array(dense_model(rows))
         assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        _assert_int8_close(np.array(int8_model(rows))[0], want[0])
 
 
 def test_env_turns_kernels_off() -> None:
-    assert kernels_requested({})
+    assert int8_activations({"EXO_CPU_KERNELS": "int8"}) and not int8_activations({})
+    assert kernels_requested({}) and kernels_requested({"EXO_CPU_KERNELS": "int8"})
     assert not kernels_requested({"EXO_CPU_KERNELS": "off"})
     assert not kernels_requested({"EXO_DENSE": "on"})
 
@@ -81,9 +107,11 @@ def test_unsupported_layers_are_left_alone() -> None:
 @pytest.mark.smollm
 @pytest.mark.slow
 def test_smollm_greedy_text_identical_to_dense(tmp_path: Path) -> None:
-    """Greedy tokens of the kernel path are the dense path's argmax at every position."""
+    """Greedy tokens of the float path are the dense path's argmax at every position; the
+    int8 path's logits on the same text stay within the stated tolerance."""
     model_dir = import_gguf(embedded_gguf_path(), tmp_path / "smol", "smollm2")
-    kernel_model, dense_model, tokenizer = _both(model_dir)
+    kernel_model, dense_model, tokenizer = _both(model_dir, int8=False)
+    int8_model, _ = _kernel_model(model_dir, int8=True)
     assert isinstance(kernel_model.model.embed_tokens, KernelQuantizedEmbedding)
     for prompt in PROMPTS:
         ids = tokenizer.apply_chat_template(
@@ -96,5 +124,8 @@ def test_smollm_greedy_text_identical_to_dense(tmp_path: Path) -> None:
             )
         ]
         # One dense forward over prompt + generated text: its argmax must be each next token.
-        logits = dense_model(mx.array([ids + new[:-1]]))[0, len(ids) - 1 :]
+        text = mx.array([ids + new[:-1]])
+        dense = dense_model(text)[0]
+        logits = dense[len(ids) - 1 :]
         assert np.array(mx.argmax(logits, axis=-1)).tolist() == new, prompt
+        _assert_int8_close(np.array(int8_model(text)[0]), np.array(dense))

@@ -14,6 +14,7 @@
 #include <nanobind/nanobind.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -50,9 +51,16 @@ struct Problem {
   float* out;             // [M, N]
   const float* xsum;      // [M, G]
   const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
+  // int8 activations (`int8`): x ~= dx[m, b] * qx[m, 32 b + i] per block b of 32 values; for
+  // 4 bits each block holds its even elements, then its odd ones (the weights' nibble order).
+  const int8_t* qx;       // [M, K]
+  const float* dx;        // [M, K / 32]
+  const float* dxt;       // [K / 32, M4]: dx transposed, M rounded up to 4 (4-row kernel)
+  int64_t m4;
   int64_t M, N, K, G;
   int group_size, bits;
   bool dequantize = false;  // write W itself (float32 [N, K]) to `out` instead of x @ W.T
+  bool int8 = false;        // integer dot products against qx/dx instead of float ones
 };
 
 // Rows of x handled together: their accumulators stay in registers.
@@ -94,6 +102,71 @@ void dequantize_scalar(const Problem& p, int64_t n0, int64_t n1) {
       const int64_t g = n * p.G + k / p.group_size;
       float v = static_cast<float>((wr[k / per_word] >> ((k % per_word) * p.bits)) & mask);
       p.out[n * p.K + k] = p.scales[g] * v + p.biases[g];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- int8 activations
+//
+// llama.cpp's way to memory speed: the activations are quantized to int8 once per call (one
+// scale per 32 values), the weights are centred (q - c, c = 2^(bits-1), a signed int8) and
+// each block of 32 is one integer dot product. Per group g of row n:
+//   sum_k (s q_k + b) x_k = s sum_k (q_k - c) x_k + (b + c s) sum_k x_k
+// The first sum uses x ~= dx * qx; the second the exact float sum of x (xsum). Centring
+// halves the rounding error (|q - c| <= c) and keeps the 8-bit products inside int16.
+
+// Position of element i (0..31) of a block in the int8 layout (4 bits: evens, then odds).
+inline int q8_slot(int i, int bits) {
+  return bits == 4 ? (i % 2 == 0 ? i / 2 : 16 + i / 2) : i;
+}
+
+// Rounds to nearest, ties to even (lrint in the default mode, as cvtps_epi32 does).
+void quantize_rows_scalar(const float* x, int64_t blocks, int bits, int8_t* qx, float* dx) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* src = x + 32 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(src[i]));
+    const float d = amax / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    dx[b] = d;
+    for (int i = 0; i < 32; ++i)
+      qx[32 * b + q8_slot(i, bits)] = static_cast<int8_t>(std::lrint(src[i] * id));
+  }
+}
+
+// sum_g (b_g + c s_g) xsum_g: the bias term of one output.
+inline float centred_bias_term(const Problem& p, int64_t n, int64_t m) {
+  const float c = static_cast<float>(1 << (p.bits - 1));
+  const float* sr = p.scales + n * p.G;
+  const float* br = p.biases + n * p.G;
+  const float* xs = p.xsum + m * p.G;
+  float total = 0.0f;
+  for (int64_t g = 0; g < p.G; ++g) total += (br[g] + c * sr[g]) * xs[g];
+  return total;
+}
+
+void rows_scalar_q8(const Problem& p, int64_t n0, int64_t n1) {
+  const int per_word = 32 / p.bits;
+  const uint32_t mask = (1u << p.bits) - 1;
+  const int c = 1 << (p.bits - 1);
+  const int64_t words_per_row = p.K / per_word;
+  const int blocks_per_group = p.group_size / 32;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint32_t* wr = p.w + n * words_per_row;
+    for (int64_t m = 0; m < p.M; ++m) {
+      float total = 0.0f;
+      for (int64_t b = 0; b < p.K / 32; ++b) {
+        const int8_t* qb = p.qx + m * p.K + 32 * b;
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) {
+          const int64_t k = 32 * b + i;
+          const int q = static_cast<int>((wr[k / per_word] >> ((k % per_word) * p.bits)) & mask);
+          dot += (q - c) * qb[q8_slot(i, p.bits)];
+        }
+        const float s = p.scales[n * p.G + b / blocks_per_group];
+        total += static_cast<float>(dot) * (s * p.dx[m * (p.K / 32) + b]);
+      }
+      p.out[m * p.N + n] = total + centred_bias_term(p, n, m);
     }
   }
 }
@@ -260,6 +333,148 @@ __attribute__((target("avx2,fma"))) void dequantize_avx2(
 }
 #endif
 
+#ifdef EXO_X86
+// Weight block b, unpacked and centred (q - c as signed bytes, 4 bits in nibble order).
+template <int BITS>
+__attribute__((target("avx2,fma"))) inline __m256i q8_weights(const uint8_t* wr, int64_t b) {
+  if constexpr (BITS == 4) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr + 16 * b));
+    const __m256i both = _mm256_set_m128i(_mm_srli_epi16(raw, 4), raw);
+    return _mm256_sub_epi8(_mm256_and_si256(both, _mm256_set1_epi8(0x0F)), _mm256_set1_epi8(8));
+  } else {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr + 32 * b));
+    return _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));  // q - 128
+  }
+}
+
+// 4 rows at once, their dot products folded into one vector (lanes j and j + 4: row j) by
+// horizontal adds, so that one conversion, one scale and one FMA serve the 4 rows (instead of
+// one of each per row): the many-rows case (batched decode, prefill) is compute-bound.
+template <int BITS>
+__attribute__((target("avx2,fma"))) inline void q8_rows_block4(
+    const Problem& p, int64_t n, int64_t m0) {
+  const int64_t blocks = p.K / 32;
+  const int group_shift = p.group_size == 32 ? 0 : p.group_size == 64 ? 1 : 2;
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w) + n * (p.K * BITS / 8);
+  const float* sr = p.scales + n * p.G;
+  const int8_t* x0 = p.qx + m0 * p.K;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i centred = q8_weights<BITS>(wr, b);
+    const __m256i magnitude = _mm256_abs_epi8(centred);
+    __m256i dot[4];
+    for (int r = 0; r < 4; ++r) {
+      const __m256i xq =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + r * p.K + 32 * b));
+      dot[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(xq, centred)), ones);
+    }
+    const __m256i folded = _mm256_hadd_epi32(
+        _mm256_hadd_epi32(dot[0], dot[1]), _mm256_hadd_epi32(dot[2], dot[3]));
+    const __m256 scale = _mm256_mul_ps(
+        _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p.dxt + b * p.m4 + m0)),
+        _mm256_set1_ps(sr[b >> group_shift]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), scale, acc);
+  }
+  alignas(16) float rows4[4];
+  _mm_store_ps(rows4, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+  for (int r = 0; r < 4; ++r)
+    p.out[(m0 + r) * p.N + n] = rows4[r] + centred_bias_term(p, n, m0 + r);
+}
+
+// One row of x against 4 weight rows (from n, clamped to n_end - 1), folded the same way:
+// lane j (+ 4) holds weight row j. Each output sees exactly the arithmetic of
+// q8_rows_block4 (the same integer sums, products dx * s, FMAs and final add), so a row's
+// result does not depend on how many rows share its call: a batch equals its solo runs.
+template <int BITS>
+__attribute__((target("avx2,fma"))) inline void q8_row_x4w(
+    const Problem& p, int64_t n, int64_t n_end, int64_t m) {
+  const int64_t blocks = p.K / 32;
+  const int group_shift = p.group_size == 32 ? 0 : p.group_size == 64 ? 1 : 2;
+  const uint8_t* wr[4];
+  const float* sr[4];
+  for (int j = 0; j < 4; ++j) {
+    const int64_t row = std::min(n + j, n_end - 1);
+    wr[j] = reinterpret_cast<const uint8_t*>(p.w) + row * (p.K * BITS / 8);
+    sr[j] = p.scales + row * p.G;
+  }
+  const int8_t* xr = p.qx + m * p.K;
+  const float* dxr = p.dx + m * blocks;
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32 * b));
+    __m256i dot[4];
+    for (int j = 0; j < 4; ++j) {
+      const __m256i centred = q8_weights<BITS>(wr[j], b);
+      dot[j] = _mm256_madd_epi16(
+          _mm256_maddubs_epi16(_mm256_abs_epi8(centred), _mm256_sign_epi8(xq, centred)), ones);
+    }
+    const __m256i folded = _mm256_hadd_epi32(
+        _mm256_hadd_epi32(dot[0], dot[1]), _mm256_hadd_epi32(dot[2], dot[3]));
+    const int64_t g = b >> group_shift;
+    const __m128 s4 = _mm_setr_ps(sr[0][g], sr[1][g], sr[2][g], sr[3][g]);
+    const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(dxr[b]), _mm256_set_m128(s4, s4));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(folded), scale, acc);
+  }
+  alignas(16) float cols4[4];
+  _mm_store_ps(cols4, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
+  for (int j = 0; j < 4 && n + j < n_end; ++j)
+    p.out[m * p.N + n + j] = cols4[j] + centred_bias_term(p, n + j, m);
+}
+
+template <int BITS>
+__attribute__((target("avx2,fma"))) void rows_avx2_q8(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t tile = std::max<int64_t>(4, (16384 / p.K) & ~int64_t{3});
+  for (int64_t t0 = 0; t0 < p.M; t0 += tile) {
+    const int64_t t1 = std::min(p.M, t0 + tile);
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t m0 = t0; m0 + 4 <= t1; m0 += 4) q8_rows_block4<BITS>(p, n, m0);
+    }
+    // The last 1-3 rows of the tile (a single decode row): 4 weight rows per pass instead.
+    for (int64_t m = t0 + (t1 - t0) / 4 * 4; m < t1; ++m)
+      for (int64_t n = n0; n < n1; n += 4) q8_row_x4w<BITS>(p, n, n1, m);
+  }
+}
+#endif
+
+#ifdef EXO_X86
+// quantize_rows_scalar, 32 values per step: the same scale and rounding, so the same bytes.
+__attribute__((target("avx2,fma"))) void quantize_rows_avx2(
+    const float* x, int64_t blocks, int bits, int8_t* qx, float* dx) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  // packs_epi32/epi16 interleave 128-bit lanes; this puts the dwords back in element order.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  // Per 128-bit lane (16 elements): the even elements, then the odd ones (the nibble order).
+  const __m256i evens_odds = _mm256_setr_epi8(
+      0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+      0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* src = x + 32 * b;
+    __m256 v[4];
+    for (int j = 0; j < 4; ++j) v[j] = _mm256_loadu_ps(src + 8 * j);
+    __m256 amax = _mm256_max_ps(
+        _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[0]), _mm256_andnot_ps(sign_bit, v[1])),
+        _mm256_max_ps(_mm256_andnot_ps(sign_bit, v[2]), _mm256_andnot_ps(sign_bit, v[3])));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float d = _mm_cvtss_f32(m4) / 127.0f;
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    dx[b] = d;
+    const __m256 mul = _mm256_set1_ps(id);
+    __m256i i[4];
+    for (int j = 0; j < 4; ++j) i[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], mul));
+    __m256i bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    bytes = _mm256_permutevar8x32_epi32(bytes, order);
+    if (bits == 4)
+      bytes = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(bytes, evens_odds), 0xD8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qx + 32 * b), bytes);
+  }
+}
+#endif
+
 // Tests force the portable path to check it on machines that have AVX2.
 std::atomic<bool> g_portable{false};
 
@@ -272,11 +487,23 @@ bool has_avx2() {
 #endif
 }
 
+void quantize_rows(const float* x, int64_t blocks, int bits, int8_t* qx, float* dx) {
+#ifdef EXO_X86
+  if (has_avx2()) {
+    quantize_rows_avx2(x, blocks, bits, qx, dx);
+    return;
+  }
+#endif
+  quantize_rows_scalar(x, blocks, bits, qx, dx);
+}
+
 void rows(const Problem& p, int64_t n0, int64_t n1) {
 #ifdef EXO_X86
   if (has_avx2()) {
     if (p.dequantize)
       dequantize_avx2(p, n0, n1);
+    else if (p.int8)
+      p.bits == 4 ? rows_avx2_q8<4>(p, n0, n1) : rows_avx2_q8<8>(p, n0, n1);
     else if (p.bits == 4 && p.xp != nullptr)
       rows_avx2_q4(p, n0, n1);
     else
@@ -284,7 +511,12 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
     return;
   }
 #endif
-  p.dequantize ? dequantize_scalar(p, n0, n1) : rows_scalar(p, n0, n1);
+  if (p.dequantize)
+    dequantize_scalar(p, n0, n1);
+  else if (p.int8)
+    rows_scalar_q8(p, n0, n1);
+  else
+    rows_scalar(p, n0, n1);
 }
 
 // ---------------------------------------------------------------- the thread pool
@@ -402,8 +634,13 @@ void run(const Problem& p) {
 
 class QuantizedMatmulCPU : public mx::Primitive {
  public:
-  QuantizedMatmulCPU(mx::Stream stream, int group_size, int bits, bool dequantize)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits), dequantize_(dequantize) {}
+  QuantizedMatmulCPU(
+      mx::Stream stream, int group_size, int bits, bool dequantize, bool int8 = false)
+      : mx::Primitive(stream),
+        group_size_(group_size),
+        bits_(bits),
+        dequantize_(dequantize),
+        int8_(int8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
@@ -415,6 +652,7 @@ class QuantizedMatmulCPU : public mx::Primitive {
 
     Problem p{};
     p.dequantize = dequantize_;
+    p.int8 = int8_;
     p.K = dequantize_ ? w.shape(1) * 32 / bits_ : x.shape(-1);
     p.M = dequantize_ ? 0 : x.size() / p.K;
     p.N = w.shape(0);
@@ -447,6 +685,22 @@ class QuantizedMatmulCPU : public mx::Primitive {
           xsum[m * p.G + g] = s;
         }
       p.xsum = xsum.data();
+      std::vector<int8_t> qx;
+      std::vector<float> dx;
+      if (p.int8) {
+        qx.resize(p.M * p.K);
+        dx.resize(p.M * p.K / 32);
+        quantize_rows(p.x, p.M * p.K / 32, p.bits, qx.data(), dx.data());
+        p.qx = qx.data();
+        p.dx = dx.data();
+        p.m4 = (p.M + 3) / 4 * 4;
+        std::vector<float> dxt(p.K / 32 * p.m4, 0.0f);
+        for (int64_t m = 0; m < p.M; ++m)
+          for (int64_t b = 0; b < p.K / 32; ++b) dxt[b * p.m4 + m] = dx[m * (p.K / 32) + b];
+        p.dxt = dxt.data();
+        run(p);
+        return;
+      }
       std::vector<float> xp;
 #ifdef EXO_X86
       if (p.bits == 4 && has_avx2()) {
@@ -464,13 +718,15 @@ class QuantizedMatmulCPU : public mx::Primitive {
   }
 
   const char* name() const override {
-    return dequantize_ ? "ExoDequantizeCPU" : "ExoQuantizedMatmulCPU";
+    return dequantize_ ? "ExoDequantizeCPU"
+        : int8_        ? "ExoQuantizedMatmulInt8CPU"
+                       : "ExoQuantizedMatmulCPU";
   }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QuantizedMatmulCPU*>(&other);
     return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
-        o->dequantize_ == dequantize_;
+        o->dequantize_ == dequantize_ && o->int8_ == int8_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -484,6 +740,7 @@ class QuantizedMatmulCPU : public mx::Primitive {
   int group_size_;
   int bits_;
   bool dequantize_;
+  bool int8_;
 };
 
 mx::array quantized_matmul(
@@ -492,7 +749,8 @@ mx::array quantized_matmul(
     const mx::array& scales,
     const mx::array& biases,
     int group_size,
-    int bits) {
+    int bits,
+    bool int8_activations) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("group_size must be 32, 64 or 128");
@@ -517,7 +775,7 @@ mx::array quantized_matmul(
   return mx::array(
       out_shape,
       mx::float32,
-      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, false),
+      std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, false, int8_activations),
       {f32(x), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
 }
 
@@ -558,7 +816,9 @@ NB_MODULE(_ext, m) {
       nb::arg("biases"),
       nb::arg("group_size"),
       nb::arg("bits"),
-      "x @ dequantize(w, scales, biases).T for MLX affine 4/8-bit weights, as float32.");
+      nb::arg("int8_activations") = false,
+      "x @ dequantize(w, scales, biases).T for MLX affine 4/8-bit weights, as float32. With "
+      "int8_activations, x is quantized to int8 per 32 values (integer dot products).");
   m.def(
       "dequantize",
       &dequantize,

@@ -78,3 +78,74 @@ def test_bad_arguments_raise(k: int, group_size: int, bits: int, message: str) -
     wq, scales, biases = _quantized(8, 384, 32, 4)
     with pytest.raises(ValueError, match=message):
         kernels.quantized_matmul(mx.zeros((1, k)), wq, scales, biases, group_size, bits)
+
+
+# ---------------------------------------------------------------- int8 activations
+
+
+def _int8_reference(
+    x: mx.array, wq: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(what the int8 path must compute, its worst-case distance from the exact product).
+
+    x is rounded per block of 32 to dx * round(x / dx), dx = max|x| / 127 (ties to even, as
+    the kernel), against the centred weights s (q - c); the bias term (b + c s) sum(x) is
+    exact. The bound: each value of x moves by at most dx / 2."""
+    xs = np.array(x, dtype=np.float32)
+    rows, k = xs.shape
+    blocks = xs.reshape(rows, k // 32, 32)
+    dx = (np.abs(blocks).max(-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), dx, out=np.zeros_like(dx), where=dx > 0)
+    x8 = (np.rint(blocks * inv) * dx).reshape(rows, k)
+    c = 2 ** (bits - 1)
+    s, b = np.array(scales, np.float32), np.array(biases, np.float32)
+    bias = np.repeat(b + c * s, group_size, axis=1)
+    centred = np.array(mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits)) - bias
+    xsum = xs.reshape(rows, k // group_size, group_size).sum(-1)
+    expected = x8 @ centred.T + xsum @ (b + c * s).T
+    worst = (np.repeat(dx[..., 0], 32, axis=1) / 2) @ np.abs(centred).T
+    return expected, worst
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 3, 45])  # 45: two row tiles (40 rows of 384 per tile)
+def test_int8_activations_match_their_definition(
+    path: str, bits: int, group_size: int, rows: int
+) -> None:
+    wq, scales, biases = _quantized(200, 384, group_size, bits)
+    x = mx.random.normal((rows, 384), key=mx.random.key(rows)) * 3
+    x = mx.concatenate([mx.zeros((rows, 32)), x[:, 32:]], axis=1)  # an all-zero block: dx = 0
+    expected, worst = _int8_reference(x, wq, scales, biases, group_size, bits)
+    got = kernels.quantized_matmul(x, wq, scales, biases, group_size, bits, int8_activations=True)
+    assert got.dtype == mx.float32 and got.shape == (rows, 200)
+    np.testing.assert_allclose(np.array(got), expected, rtol=1e-4, atol=1e-3)
+    # And the honest distance from the exact product: never beyond the rounding bound.
+    exact = np.array(x @ mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits).T)
+    assert np.all(np.abs(np.array(got) - exact) <= worst + 1e-3)
+
+
+def test_int8_activations_keep_batch_dims_and_agree_across_threads() -> None:
+    wq, scales, biases = _quantized(4096, 256, 32, 8)
+    x = mx.random.normal((256, 6), key=mx.random.key(2)).T.reshape(2, 3, 256)
+    outs = []
+    for threads in (1, 3):
+        kernels.set_num_threads(threads)
+        got = kernels.quantized_matmul(x, wq, scales, biases, 32, 8, int8_activations=True)
+        outs.append(np.array(got))
+    kernels.set_num_threads(kernels.usable_cores())
+    assert outs[0].shape == (2, 3, 4096)
+    np.testing.assert_array_equal(outs[0], outs[1])
+    expected, _ = _int8_reference(x.reshape(6, 256), wq, scales, biases, 32, 8)
+    np.testing.assert_allclose(outs[0].reshape(6, 4096), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_int8_rows_give_the_same_bits_alone_and_in_a_batch(path: str, bits: int) -> None:
+    """Batched decode must equal solo decode: a row's result never depends on its neighbours."""
+    wq, scales, biases = _quantized(203, 384, 64, bits)  # 203: not a multiple of 4 weight rows
+    x = mx.random.normal((9, 384), key=mx.random.key(9))
+    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 64, bits, True))
+    for row in range(9):
+        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits, True)
+        np.testing.assert_array_equal(np.array(alone)[0], batch[row])

@@ -7,7 +7,12 @@ the model stays an ordinary mlx-lm model (same parameters, same sharding wrapper
 and tensor splits keep working. A batch of many rows (a prefill) goes through BLAS on the
 dequantized weights, which is faster there.
 
-EXO_CPU_KERNELS=auto (default) | off. EXO_DENSE=on still forces the dense fp32 path.
+EXO_CPU_KERNELS=auto (default) | float: float32 activations, exact up to summation order.
+EXO_CPU_KERNELS=int8: activations rounded to int8 per 32 values and integer dot products
+(llama.cpp's way; the kernel is 1.2-1.6x faster at one row) except in the output head. Not the
+default: on SmolLM2 it moves logits by ~2 % of their largest magnitude, which flips near-tied
+greedy tokens (then the single node and a tensor split no longer write the same text).
+EXO_CPU_KERNELS=off: the dense fp32 path; EXO_DENSE=on forces the dense path too.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ import mlx.nn as nn
 import exo_mlx_cpu_kernels as kernels
 from exo_engine_mlx.blas import loaded_blas
 
-# From this many rows on, dequantize + a fast BLAS beats the kernel (which reuses each
-# expanded weight group for up to 8 rows). Without a fast BLAS the kernel always wins.
+# From this many rows on, dequantize + a fast BLAS beats the kernel (bench/bench_cpu_kernels.py:
+# the int8 kernel wins at 8 rows, BLAS from ~32-40 on SmolLM2's 576x1536 layers). A large
+# matrix (the 49152x576 head: 113 MB dense) costs more to dequantize than the kernel spends
+# up to ~100 rows. Without a fast BLAS the kernel always wins.
 PREFILL_ROWS = 32
+LARGE_PREFILL_ROWS = 128
+LARGE_DENSE_BYTES = 32 << 20
 
 _QUANTIZED = (
     nn.QuantizedLinear,
@@ -37,6 +46,12 @@ _QUANTIZED = (
 
 def simd() -> str:
     return kernels.simd()
+
+
+def int8_activations(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the kernels quantize activations to int8 (opt-in) or keep them float32."""
+    env = os.environ if env is None else env
+    return env.get("EXO_CPU_KERNELS", "auto").strip().lower() == "int8"
 
 
 def kernels_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -63,10 +78,17 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
-    if rows >= PREFILL_ROWS and _fast_blas():
+    if _fast_blas() and dequantize_pays(rows, w.shape[0], x.shape[-1]):
         dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
         return x.astype(mx.float32) @ dense.T
-    return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits)
+    int8 = bool(getattr(m, "int8_activations", True))
+    return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits, int8)
+
+
+def dequantize_pays(rows: int, out_features: int, in_features: int) -> bool:
+    """Whether dequantize + BLAS beats the kernel for `rows` rows of x (a fast BLAS loaded)."""
+    large = out_features * in_features * 4 > LARGE_DENSE_BYTES
+    return rows >= (LARGE_PREFILL_ROWS if large else PREFILL_ROWS)
 
 
 @functools.cache
@@ -109,19 +131,29 @@ _KERNEL_CLASS: dict[type, type] = {
 }
 
 
-def use_kernels(model: nn.Module, threads: int | None = None) -> int:
+def _is_head(name: str, m: nn.Module) -> bool:
+    """The output head: lm_head, or the embedding that a tied head reuses (`as_linear`)."""
+    return isinstance(m, nn.QuantizedEmbedding) or name.rsplit(".", 1)[-1] == "lm_head"
+
+
+def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None = None) -> int:
     """Switch every supported quantized layer to the kernel classes, in place.
 
     Only the class changes: parameters, names and the sharding wrappers' state stay as they
     are. Scales and biases are upcast to float32 (the CPU must not compute in fp16/bf16).
+    `int8`: int8 activations (None: from EXO_CPU_KERNELS, int8 only when `int8`).
     Returns the number of layers switched."""
     kernels.set_num_threads(threads or kernels.usable_cores())
+    int8 = int8_activations() if int8 is None else int8
     switched = 0
-    for _, m in model.named_modules():
+    for name, m in model.named_modules():
         kind: Any = type(m)
         if kind in _KERNEL_CLASS and _supported(m):
             for key in ("scales", "biases"):
                 m[key] = m[key].astype(mx.float32)
             m.__class__ = _KERNEL_CLASS[kind]
+            # A plain attribute, not a parameter. The output head keeps float activations:
+            # its rounding would flip near-tied argmaxes directly (SmolLM2 greedy text).
+            m.int8_activations = int8 and not _is_head(name, m)
             switched += 1
     return switched
