@@ -30,7 +30,13 @@ from pathlib import Path
 
 import httpx
 
-from exo_core.testing.processes import ExoProcess, exo_processes, wait_until
+from exo_core.testing.processes import (
+    ExoProcess,
+    exo_processes,
+    runners_ready,
+    wait_joined,
+    wait_until,
+)
 
 MODEL_ID = "bench-flux"
 PROMPT = "a lighthouse on a cliff at dusk"
@@ -75,23 +81,6 @@ print(json.dumps({{"total_s": min(totals), "step_s": sorted(steps)[len(steps) //
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _joined(nodes: list[ExoProcess]) -> bool:
-    states = [n.state() for n in nodes]
-    return all(
-        len(s["nodes"]) == len(nodes)
-        and all("mflux" in x["resources"]["engines"] for x in s["nodes"].values())
-        for s in states
-    )
-
-
-def _ready(node: ExoProcess, instance_id: str) -> bool:
-    instance = node.get(f"/instance/{instance_id}")
-    shards, runners = instance.get("shards", []), instance.get("runners", {})
-    return bool(shards) and all(
-        runners.get(s["runner_id"], {}).get("status") == "ready" for s in shards
-    )
-
-
 def _runner_memory(node: ExoProcess, instance_id: str) -> list[float]:
     """Resident MB of each rank's runner (node telemetry), in rank order; 0 before a report."""
     state = node.state()
@@ -116,13 +105,13 @@ def through_exo(
     extra = [["--no-auto-place"]] * ranks
     with exo_processes(root, ranks, extra_args=extra) as nodes:
         node = nodes[0]
-        wait_until(lambda: _joined(nodes), timeout=120)
+        wait_joined(nodes, engine="mflux")
         placed = httpx.post(
             f"{node.url}/instance", json={"model_id": MODEL_ID, "min_nodes": ranks}, timeout=60
         )
         placed.raise_for_status()
         instance_id = placed.json()["instance_id"]
-        wait_until(lambda: _ready(node, instance_id), timeout=900)
+        wait_until(lambda: runners_ready(node, instance_id), timeout=900)
         url = f"{node.url}/v1/images/generations"
         httpx.post(url, json={**body, "advanced_params": {"num_inference_steps": 1}}, timeout=900)
         totals = []

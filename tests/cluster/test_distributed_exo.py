@@ -7,14 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard
-from exo_core.testing.processes import ExoProcess, exo_processes, wait_until
+from exo_core.testing.processes import (
+    ExoProcess,
+    exo_processes,
+    runners_ready,
+    wait_joined,
+    wait_until,
+)
 from exo_engine_mlx.cards import write_imported_card
 from exo_engine_mlx.tiny_model import make_tiny_model
 
@@ -41,28 +46,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]
         model_dir = make_tiny_model(root / f"node{i}" / "models" / TINY, layers=4)
         write_imported_card(model_dir, TINY_CARD(model_dir))
     with exo_processes(root, 3, extra_args=[["--no-auto-place"]] * 3) as started:
-
-        def joined() -> bool:
-            states = [n.state() for n in started]
-            return all(
-                len(s["nodes"]) == 3 and all(x["resources"]["engines"] for x in s["nodes"].values())
-                for s in states
-            )
-
-        try:
-            wait_until(joined, timeout=120)
-        except TimeoutError:
-            pytest.fail("the exo nodes did not form a cluster:\n" + started[-1].log()[-3000:])
+        wait_joined(started)
         yield started
-
-
-def _runners_ready(node: ExoProcess, instance_id: str) -> bool:
-    instance: dict[str, Any] = node.get(f"/instance/{instance_id}")
-    shards = instance.get("shards", [])
-    runners = instance.get("runners", {})
-    return bool(shards) and all(
-        runners.get(s["runner_id"], {}).get("status") == "ready" for s in shards
-    )
 
 
 def _served(nodes: list[ExoProcess], sharding: str, count: int, model: str = MODEL) -> str:
@@ -73,7 +58,7 @@ def _served(nodes: list[ExoProcess], sharding: str, count: int, model: str = MOD
     instance_id = created.json()["instance_id"]
     try:
         assert len(first.get(f"/instance/{instance_id}")["shards"]) == count
-        wait_until(lambda: _runners_ready(first, instance_id), timeout=180)
+        wait_until(lambda: runners_ready(first, instance_id), timeout=180)
         ask = {
             "model": model,
             "messages": [{"role": "user", "content": QUESTION}],

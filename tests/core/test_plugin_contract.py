@@ -39,21 +39,25 @@ def _test_support(path: Path) -> bool:
     return "tests" in path.parts or path.stem in ("testing", "conftest") or path.stem == "support"
 
 
+def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, module) of every absolute import in a module, nested ones included."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.lineno, node.module
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+
+
 def _private_imports(path: Path) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
     allowed = [PUBLIC, "exo_core.testing"] if _test_support(path) else [PUBLIC]
     bad = []
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module]
-        elif isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        for name in names:
-            if name.split(".")[0] != "exo_core":
-                continue
-            if not any(name == a or name.startswith(a + ".") for a in allowed):
-                bad.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    for line, name in _imports(tree):
+        if name.split(".")[0] != "exo_core":
+            continue
+        if not any(name == a or name.startswith(a + ".") for a in allowed):
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
     return bad
 
 
@@ -88,16 +92,10 @@ def _undeclared_exo_imports(package_dir: Path, root: Path = ROOT) -> list[str]:
     allowed = declared | {package_dir.name, "exo_core"}
     bad = []
     for path in package_dir.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                names = [node.module]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            for name in names:
-                top = name.split(".")[0]
-                if top.startswith("exo_") and top not in allowed:
-                    bad.append(f"{path.relative_to(root)}:{node.lineno} imports {name}")
+        for line, name in _imports(ast.parse(path.read_text(), str(path))):
+            top = name.split(".")[0]
+            if top.startswith("exo_") and top not in allowed:
+                bad.append(f"{path.relative_to(root)}:{line} imports {name}")
     return bad
 
 

@@ -9,7 +9,6 @@ import io
 import json
 import re
 from collections.abc import Iterator
-from typing import Any
 
 import httpx
 import numpy as np
@@ -17,7 +16,13 @@ import pytest
 from PIL import Image
 
 from exo_core.testing.harness import events_text
-from exo_core.testing.processes import ExoProcess, exo_processes, wait_until
+from exo_core.testing.processes import (
+    ExoProcess,
+    exo_processes,
+    runners_ready,
+    wait_joined,
+    wait_until,
+)
 
 from .conftest import link_model
 
@@ -43,28 +48,8 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]
         link_model(root / f"node{i}", model)
     env = {"EXO_RUNNER_WARMUP": "0"}
     with exo_processes(root, 2, extra_args=[["--no-auto-place"]] * 2, env=env) as started:
-
-        def joined() -> bool:
-            states = [n.state() for n in started]
-            return all(
-                len(s["nodes"]) == 2
-                and all("mflux" in x["resources"]["engines"] for x in s["nodes"].values())
-                for s in states
-            )
-
-        try:
-            wait_until(joined, timeout=120)
-        except TimeoutError:
-            pytest.fail("the exo nodes did not form a cluster:\n" + started[-1].log()[-3000:])
+        wait_joined(started, engine="mflux")
         yield started
-
-
-def _ready(node: ExoProcess, instance_id: str) -> bool:
-    instance: dict[str, Any] = node.get(f"/instance/{instance_id}")
-    shards, runners = instance.get("shards", []), instance.get("runners", {})
-    return bool(shards) and all(
-        runners.get(s["runner_id"], {}).get("status") == "ready" for s in shards
-    )
 
 
 def _place(node: ExoProcess, min_nodes: int) -> str:
@@ -74,7 +59,7 @@ def _place(node: ExoProcess, min_nodes: int) -> str:
     instance_id = str(created.json()["instance_id"])
     assert len(node.get(f"/instance/{instance_id}")["shards"]) == min_nodes
     try:
-        wait_until(lambda: _ready(node, instance_id), timeout=180)
+        wait_until(lambda: runners_ready(node, instance_id), timeout=180)
     except TimeoutError:
         pytest.fail(f"instance {instance_id} did not become ready:\n{node.log()[-3000:]}")
     return instance_id

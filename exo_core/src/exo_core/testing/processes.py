@@ -83,6 +83,37 @@ def wait_until(predicate: Any, timeout: float = 60.0, interval: float = 0.2) -> 
         time.sleep(interval)
 
 
+def wait_joined(
+    nodes: Sequence[ExoProcess], engine: str | None = None, timeout: float = 120
+) -> None:
+    """Until every node's state holds all of them, each reporting `engine` (or any engine)."""
+
+    def joined() -> bool:
+        for node in nodes:
+            state = node.state()
+            if len(state["nodes"]) != len(nodes):
+                return False
+            engines = [n["resources"]["engines"] for n in state["nodes"].values()]
+            if not all(engine in e if engine else e for e in engines):
+                return False
+        return True
+
+    try:
+        wait_until(joined, timeout=timeout)
+    except TimeoutError as e:
+        log = nodes[-1].log()[-3000:]
+        raise TimeoutError(f"the exo nodes did not form a cluster:\n{log}") from e
+
+
+def runners_ready(node: ExoProcess, instance_id: str) -> bool:
+    """Whether every shard of the instance has a ready runner, as `node` sees it."""
+    instance: dict[str, Any] = node.get(f"/instance/{instance_id}")
+    shards, runners = instance.get("shards", []), instance.get("runners", {})
+    return bool(shards) and all(
+        runners.get(s["runner_id"], {}).get("status") == "ready" for s in shards
+    )
+
+
 @contextlib.contextmanager
 def exo_processes(
     root: Path,
