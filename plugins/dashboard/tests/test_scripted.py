@@ -174,7 +174,10 @@ def test_a_long_prompt_shows_its_prefill_progress_before_the_answer(
     expect(reply.locator(".stats-line")).to_contain_text("out", timeout=30_000)
     seen: list[str] = [s for s in page.evaluate("window.seen") if s]
     progress = [s for s in seen if s.startswith("prefill")]
-    assert f"prefill Reading the prompt: 50 / {words} tokens" in progress, seen
+    # Each step's count, rising; the page may draw its first one after the first step's event.
+    steps = [f"prefill Reading the prompt: {n} / {words} tokens" for n in range(50, words, 50)]
+    assert progress and all(p in steps for p in progress), seen
+    assert [steps.index(p) for p in progress] == sorted(steps.index(p) for p in progress), seen
     assert seen.index(progress[-1]) < seen.index("text")  # before the answer, then gone
     expect(reply.locator(".prefill")).to_have_count(0)
     watched.assert_clean()
