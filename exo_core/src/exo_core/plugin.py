@@ -129,6 +129,7 @@ from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefuse
 from exo_core.redact import public_message
 from exo_core.ring import (
     RING_TOKEN_ENV,
+    FollowerFinals,
     GroupError,
     GroupRunner,
     any_rank,
@@ -235,6 +236,7 @@ __all__ = [
     "Event",
     "FinishChunk",
     "FinishReason",
+    "FollowerFinals",
     "FromRunner",
     "GenerationError",
     "GenerationFailed",

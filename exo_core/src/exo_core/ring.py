@@ -30,13 +30,17 @@ import shutil
 import socket
 import struct
 import tempfile
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from exo_core.engine import RunnerSpec
+from exo_core.generation import Chunk, ErrorChunk, FinishChunk
+from exo_core.ids import TaskId
 from exo_core.state import Instance, RunnerStatus
 from exo_core.subprocess_runner import (
     RunnerShutdown,
@@ -253,6 +257,36 @@ def any_rank(group: mx.distributed.Group, flag: bool) -> bool:
 
 
 # -- the worker's side of a rank ----------------------------------------------------------------
+
+
+@dataclass
+class FollowerFinals:
+    """A follower rank's answers to its worker: the final chunk of each task, once the worker
+    has submitted it (rank 0 may finish a task before this rank's worker asks for it)."""
+
+    send: Callable[[Chunk], None]
+    limit: int = 1024  # finals kept for tasks the worker has not submitted yet
+    awaiting: set[TaskId] = field(default_factory=set)
+    finals: OrderedDict[TaskId, Chunk] = field(default_factory=OrderedDict)
+
+    def waits(self, task_id: TaskId) -> None:
+        final = self.finals.pop(task_id, None)
+        if final is not None:
+            self.send(final)
+        else:
+            self.awaiting.add(task_id)
+
+    def chunk(self, chunk: Chunk) -> None:
+        """A chunk of the group's generation: only the final one goes to the worker."""
+        if not isinstance(chunk, FinishChunk | ErrorChunk):
+            return
+        if chunk.task_id in self.awaiting:
+            self.awaiting.discard(chunk.task_id)
+            self.send(chunk)
+            return
+        self.finals[chunk.task_id] = chunk
+        while len(self.finals) > self.limit:
+            self.finals.popitem(last=False)
 
 
 class GroupRunner(SubprocessRunner):

@@ -16,18 +16,16 @@ from __future__ import annotations
 
 import queue
 import random
-from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import mlx.core as mx
 import msgspec
 
 from exo_core.plugin import (
     Chunk,
-    ErrorChunk,
     FinishChunk,
     FinishReason,
+    FollowerFinals,
     ImageRequest,
     RunnerOutbox,
     RunnerShutdown,
@@ -59,38 +57,6 @@ _decode = msgspec.msgpack.Decoder(Plan).decode
 def share_plan(group: mx.distributed.Group, plan: Plan | None) -> Plan:
     """Rank 0 passes its plan, the others None; every rank returns rank 0's plan."""
     return _decode(broadcast(group, _encode(plan) if plan is not None else None))
-
-
-def _is_final(chunk: Chunk) -> bool:
-    return isinstance(chunk, FinishChunk | ErrorChunk)
-
-
-@dataclass
-class FollowerFinals:
-    """A follower's answers to its worker: the final chunk of each task, when it asks."""
-
-    send: Callable[[Chunk], None]
-    awaiting: set[TaskId] = field(default_factory=set)
-    finals: OrderedDict[TaskId, Chunk] = field(default_factory=OrderedDict)
-
-    def waits(self, task_id: TaskId) -> None:
-        final = self.finals.pop(task_id, None)
-        if final is not None:
-            self.send(final)
-        else:
-            self.awaiting.add(task_id)
-
-    def chunk(self, chunk: Chunk) -> None:
-        """A chunk of the group's generation: only the final one goes to the worker."""
-        if not _is_final(chunk):
-            return
-        if chunk.task_id in self.awaiting:
-            self.awaiting.discard(chunk.task_id)
-            self.send(chunk)
-            return
-        self.finals[chunk.task_id] = chunk
-        while len(self.finals) > MAX_REMEMBERED_FINALS:
-            self.finals.popitem(last=False)
 
 
 @dataclass
@@ -143,7 +109,7 @@ class ImageGroupLoop:
                 return 0
 
     def _follow(self) -> int:
-        finals = FollowerFinals(self.out.chunk)
+        finals = FollowerFinals(self.out.chunk, limit=MAX_REMEMBERED_FINALS)
         while True:
             self._take_submits(finals)
             plan = self._share(

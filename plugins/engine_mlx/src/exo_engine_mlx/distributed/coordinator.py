@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import queue
 import secrets
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,9 +23,9 @@ import msgspec
 
 from exo_core.plugin import (
     Chunk,
-    ErrorChunk,
     FinishChunk,
     FinishReason,
+    FollowerFinals,
     GenerationParams,
     RunnerCancel,
     RunnerShutdown,
@@ -59,10 +58,6 @@ def with_seed(params: GenerationParams) -> GenerationParams:
     return msgspec.structs.replace(params, sampling=seeded)
 
 
-def _is_final(chunk: Chunk) -> bool:
-    return isinstance(chunk, FinishChunk | ErrorChunk)
-
-
 @dataclass
 class GroupLoop:
     engine: BatchEngine
@@ -74,8 +69,10 @@ class GroupLoop:
     heartbeat_s: float = 2.0
     _fingerprint: int = 0
     # Follower only: tasks its worker waits on, and finals the worker has not asked for yet.
-    _awaiting: set[TaskId] = field(default_factory=set)
-    _finals: OrderedDict[TaskId, Chunk] = field(default_factory=OrderedDict)
+    _answers: FollowerFinals = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._answers = FollowerFinals(self.send_chunk, limit=MAX_REMEMBERED_FINALS)
 
     @property
     def rank(self) -> int:
@@ -150,7 +147,7 @@ class GroupLoop:
             for message in self._drain(block=False):
                 match message:
                     case RunnerSubmit(task_id=task_id):
-                        self._worker_waits(task_id)
+                        self._answers.waits(task_id)
                     case RunnerCancel(task_id=task_id):
                         self._worker_cancels(task_id)
                     case RunnerShutdown():
@@ -169,32 +166,15 @@ class GroupLoop:
             with self.watchdog.guard("a step of the runner group", self.step_timeout_s):
                 chunks = self._apply_and_step(plan)
             for chunk in chunks:
-                if _is_final(chunk):
-                    self._finished(chunk)
+                self._answers.chunk(chunk)
             self._fingerprint = self.engine.fingerprint()
-
-    def _worker_waits(self, task_id: TaskId) -> None:
-        final = self._finals.pop(task_id, None)
-        if final is not None:
-            self.send_chunk(final)
-        else:
-            self._awaiting.add(task_id)
 
     def _worker_cancels(self, task_id: TaskId) -> None:
         # A task rank 0 runs ends when rank 0 cancels it; one it never started ends now.
-        if task_id in self._awaiting and task_id not in self.engine.task_ids():
-            self._awaiting.discard(task_id)
+        if task_id in self._answers.awaiting and task_id not in self.engine.task_ids():
+            self._answers.awaiting.discard(task_id)
             self.send_chunk(FinishChunk(task_id=task_id, finish_reason=FinishReason.CANCELLED))
-
-    def _finished(self, chunk: Chunk) -> None:
-        if chunk.task_id in self._awaiting:
-            self._awaiting.discard(chunk.task_id)
-            self.send_chunk(chunk)
-            return
-        self._finals[chunk.task_id] = chunk
-        while len(self._finals) > MAX_REMEMBERED_FINALS:
-            self._finals.popitem(last=False)
 
     def waiting_tasks(self) -> list[TaskId]:
         """Tasks whose worker still waits for an answer (to fail them if the group fails)."""
-        return sorted(set(self.engine.task_ids()) | self._awaiting)
+        return sorted(set(self.engine.task_ids()) | self._answers.awaiting)
