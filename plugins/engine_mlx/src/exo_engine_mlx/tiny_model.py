@@ -108,114 +108,22 @@ def make_tiny_tokenizer(
     return tok.get_vocab_size()
 
 
-# What each family adds to the common tiny config: a few small experts, small low-rank
-# attention, short linear-attention heads, so every family builds and runs in about a second.
-_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
-_DEEPSEEK = {
-    "n_routed_experts": 4,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "first_k_dense_replace": 1,
-    "kv_lora_rank": 16,
-    "q_lora_rank": None,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8,
-    "v_head_dim": 16,
-    "n_group": 1,
-    "topk_group": 1,
-    "routed_scaling_factor": 1.0,
-    "norm_topk_prob": True,
-}
-TINY_FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "qwen2": {},
-    "qwen3": {"head_dim": 16},
-    "qwen3_moe": {
-        **_MOE,
-        "head_dim": 16,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-    },
-    "deepseek_v3": _DEEPSEEK,
-    "glm4_moe": {
-        **_DEEPSEEK,
-        "head_dim": 16,
-        "use_qk_norm": True,
-        "attention_bias": False,
-        "partial_rotary_factor": 0.5,
-        "rope_scaling": None,
-    },
-    "qwen3_next": {
-        **_MOE,
-        "head_dim": 16,
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "shared_expert_intermediate_size": 32,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "full_attention_interval": 2,
-        "partial_rotary_factor": 0.5,
-    },
-    # Sliding-window and full attention layers in turn, attention sinks, biased experts.
-    "gpt_oss": {
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "head_dim": 16,
-        "intermediate_size": 32,
-        "sliding_window": 32,
-    },
-    "minimax": {
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-        "intermediate_size": 32,
-        "shared_intermediate_size": 32,
-        "rotary_dim": 8,
-        "head_dim": 16,
-    },
-    "step3p5": {
-        "num_attention_groups": 2,
-        "head_dim": 16,
-        "sliding_window": 32,
-        "layer_types": ["full_attention", "sliding_attention"] * 2,
-        "moe_num_experts": 4,
-        "moe_top_k": 2,
-        "moe_intermediate_size": 32,
-        "share_expert_dim": 32,
-        "moe_layers_enum": "1,2,3",
-        "use_head_wise_attn_gate": True,
-    },
-    # Gemma scales the embedding by sqrt(hidden_size); Gemma 2 soft-caps its logits; Gemma 3
-    # has sliding layers and every second one global, chosen by the layer's index.
-    "gemma": {"head_dim": 16},
-    "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16},
-    "gemma3_text": {
-        "head_dim": 16,
-        "query_pre_attn_scalar": 16,
-        "sliding_window": 8,
-        "sliding_window_pattern": 2,
-    },
-    # Hybrid mamba / attention / MLP blocks: only mamba and attention blocks hold a cache.
-    "nemotron_h": {
-        "hybrid_override_pattern": ["M", "-", "*", "M"],
-        "head_dim": 16,
-        "attention_bias": False,
-        "mamba_num_heads": 4,
-        "mamba_head_dim": 16,
-        "mamba_proj_bias": False,
-        "ssm_state_size": 16,
-        "conv_kernel": 4,
-        "n_groups": 2,
-        "mlp_bias": False,
-        "layer_norm_epsilon": 1e-5,
-        "use_bias": False,
-        "use_conv_bias": True,
-    },
-}
+# What each family adds to the common tiny config (a few small experts, small low-rank
+# attention, short linear-attention heads, so every family builds and runs in about a second):
+# one JSON file per `model_type` in `tiny_configs/`, so a family is added without touching
+# this module. A key starting with "_" is a comment and is not written into config.json.
+TINY_CONFIGS = Path(__file__).parent / "tiny_configs"
+
+
+def _read_tiny_families() -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted(TINY_CONFIGS.glob("*.json")):
+        entries = json.loads(path.read_text())
+        out[path.stem] = {k: v for k, v in entries.items() if not k.startswith("_")}
+    return out
+
+
+TINY_FAMILIES: dict[str, dict[str, Any]] = _read_tiny_families()
 
 
 def _token_ids(out: Path, tokens: Sequence[str]) -> list[int]:
