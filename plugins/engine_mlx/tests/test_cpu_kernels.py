@@ -26,6 +26,7 @@ from exo_engine_mlx.blas import dequantize_model
 from exo_engine_mlx.cpu_kernels import (
     KernelQuantizedEmbedding,
     KernelQuantizedLinear,
+    fuse_linears,
     int8_activations,
     kernel_ready,
     kernels_requested,
@@ -102,6 +103,34 @@ def test_unsupported_layers_are_left_alone() -> None:
     model = nn.Sequential(layer)
     assert not kernel_ready(model)
     assert use_kernels(model) == 0 and type(layer) is nn.QuantizedLinear
+
+
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 32), (8, 64)])
+@pytest.mark.parametrize("int8", [False, True])
+def test_fused_layers_equal_each_layer_alone(bits: int, group_size: int, int8: bool) -> None:
+    """q/k/v-like layers fused into one kernel call: each part of the output is bit for bit
+    the layer's own; the layers' parameters become views of the fused weights; many rows
+    (a prefill: dequantize + BLAS) still go through the layers themselves."""
+    layers = [
+        nn.QuantizedLinear(128, n, bias=False, group_size=group_size, bits=bits)
+        for n in (96, 32, 40)
+    ]
+    model = nn.Sequential(*layers)
+    assert use_kernels(model, threads=2, int8=int8) == 3
+    x = mx.random.normal((3, 14, 128), key=mx.random.key(1))
+    alone = [[np.array(m(rows)) for m in layers] for rows in (x[:1, :1], x[:, :1], x)]
+    fused = fuse_linears(layers)
+    assert fused is not None and fused.ends == (96, 128, 168)
+    assert mx.array_equal(layers[1]["weight"], fused.weight[96:128])
+    for rows, want in zip((x[:1, :1], x[:, :1], x), alone, strict=True):
+        got = fused(rows)
+        for part, expected in zip(got, want, strict=True):
+            assert np.array_equal(np.array(part), expected)
+        # and the layers alone, now on views of the fused weights
+        assert all(np.array_equal(np.array(m(rows)), e) for m, e in zip(layers, want, strict=True))
+    biased = nn.QuantizedLinear(128, 8, bias=True, group_size=group_size, bits=bits)
+    use_kernels(nn.Sequential(biased), int8=int8)
+    assert fuse_linears([layers[0], biased]) is None
 
 
 @pytest.mark.smollm

@@ -7,7 +7,9 @@ and replays the layer's graph without rebuilding it in Python. The KV cache grow
 so only the shape-stable parts are compiled: the part before the cache (norm, q/k/v projections,
 rope with the offset passed as an array so that a new position is not a new graph) and the part
 after attention (output projection, residual, norm, MLP, residual). The cache update and the
-attention itself run as before.
+attention itself run as before. On exo's CPU kernels the projections that read the same input
+(q/k/v, gate/up) run as one kernel call each (`cpu_kernels.fuse_linears`: bit for bit the same
+outputs, 4 kernel calls a layer instead of 7).
 
 Only a one-token step (decode) takes this path; a prefill (many tokens) runs the layer as
 mlx-lm wrote it. Graphs are traced once per batch size (the runner's warm-up traces one row).
@@ -25,7 +27,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama
+from mlx_lm.models.activations import swiglu
 from mlx_lm.models.base import scaled_dot_product_attention
+
+from exo_engine_mlx.cpu_kernels import FusedLinear, fuse_linears
 
 
 def compile_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -42,21 +47,49 @@ class _Graphs:
     after_attention: Callable[[mx.array, mx.array], mx.array]
 
 
+@dataclass(frozen=True)
+class _Fused:
+    """The layer's projections fused at load (None: run them one by one)."""
+
+    qkv: FusedLinear | None
+    gate_up: FusedLinear | None
+
+
+def _fuse_layer(layer: llama.TransformerBlock) -> _Fused:
+    attn, mlp = layer.self_attn, layer.mlp
+    return _Fused(
+        fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
+        fuse_linears([mlp.gate_proj, mlp.up_proj]),
+    )
+
+
 def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
     attn, mlp = layer.self_attn, layer.mlp
     heads, kv_heads = int(attn.n_heads), int(attn.n_kv_heads or attn.n_heads)
     rope: Any = attn.rope  # mlx-lm's ropes take the offset as an int or an array
+    fused: _Fused = getattr(layer, "_fused", None) or _Fused(None, None)
+
+    def projections(h: mx.array) -> list[mx.array]:
+        if fused.qkv is not None:
+            return fused.qkv(h)
+        return [attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)]
 
     def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        h = layer.input_layernorm(x)
-        q = mx.unflatten(attn.q_proj(h), -1, (heads, -1)).transpose(0, 2, 1, 3)
-        k = mx.unflatten(attn.k_proj(h), -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
-        v = mx.unflatten(attn.v_proj(h), -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        q, k, v = projections(layer.input_layernorm(x))
+        q = mx.unflatten(q, -1, (heads, -1)).transpose(0, 2, 1, 3)
+        k = mx.unflatten(k, -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        v = mx.unflatten(v, -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
         return rope(q, offset=offset), rope(k, offset=offset), v
+
+    def feed_forward(h: mx.array) -> mx.array:
+        if fused.gate_up is None:
+            return mlp(h)
+        gate, up = fused.gate_up(h)
+        return mlp.down_proj(swiglu(gate, up))
 
     def after_attention(x: mx.array, attended: mx.array) -> mx.array:
         h = x + attn.o_proj(mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1))
-        return h + mlp(layer.post_attention_layernorm(h))
+        return h + feed_forward(layer.post_attention_layernorm(h))
 
     return _Graphs(mx.compile(before_cache), mx.compile(after_attention))
 
@@ -101,10 +134,12 @@ def _compilable(m: nn.Module) -> bool:
 
 def compile_decode_step(model: nn.Module) -> int:
     """Switch every llama block of `model` whose one-token step can be compiled, in place (only
-    the class changes; parameters and names stay). Returns how many were switched."""
+    the class changes; parameters and names stay, kernel layers' parameters become views of
+    their fused weights). Returns how many were switched."""
     switched = 0
     for _, m in model.named_modules():
         if _compilable(m):
             m.__class__ = CompiledTransformerBlock
+            object.__setattr__(m, "_fused", _fuse_layer(m))
             switched += 1
     return switched

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
@@ -157,3 +158,77 @@ def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None 
             m.int8_activations = int8 and not _is_head(name, m)
             switched += 1
     return switched
+
+
+@dataclass(frozen=True)
+class FusedLinear:
+    """Kernel layers that read the same input (q/k/v, gate/up) as one kernel call.
+
+    Their packed weights, scales and biases are concatenated along the output rows; the kernel
+    computes every output row from that row alone, so each part of the output is bit for bit
+    what the layer alone gives, for one call's overhead instead of several. The layers keep
+    their parameters as slices of the concatenation (views: no second copy), and take over
+    where dequantize + BLAS would run (many rows), so a prefill is unchanged."""
+
+    weight: mx.array
+    scales: mx.array
+    biases: mx.array
+    group_size: int
+    bits: int
+    int8_activations: bool
+    ends: tuple[int, ...]  # where each layer's output rows end (the last is the total)
+    parts: tuple[nn.Module, ...]
+
+    def __call__(self, x: mx.array) -> list[mx.array]:
+        rows = x.size // x.shape[-1] if x.ndim else 1
+        cols = x.shape[-1]
+        if _fast_blas() and any(
+            dequantize_pays(rows, p["weight"].shape[0], cols) for p in self.parts
+        ):
+            return [p(x) for p in self.parts]
+        y = kernels.quantized_matmul(
+            x,
+            self.weight,
+            self.scales,
+            self.biases,
+            self.group_size,
+            self.bits,
+            self.int8_activations,
+        )
+        return list(mx.split(y, list(self.ends[:-1]), axis=-1))
+
+
+def _kernel_setup(m: Any) -> tuple[int, int, bool]:
+    return int(m.bits), int(m.group_size), bool(m.int8_activations)
+
+
+def fuse_linears(layers: Sequence[nn.Module]) -> FusedLinear | None:
+    """One kernel call for `layers` (same input), or None where they cannot share one: not all
+    plain kernel layers, a bias, or different bits / group sizes / activation modes."""
+    plain = all(type(m) is KernelQuantizedLinear and "bias" not in m for m in layers)
+    if len(layers) < 2 or not plain:
+        return None
+    setups = {_kernel_setup(m) for m in layers}
+    if len(setups) != 1:
+        return None
+    bits, group_size, int8 = setups.pop()
+    fused = {
+        key: mx.concatenate([m[key] for m in layers], axis=0)
+        for key in ("weight", "scales", "biases")
+    }
+    ends: list[int] = []
+    for m in layers:
+        start = ends[-1] if ends else 0
+        ends.append(start + int(m["weight"].shape[0]))
+        for key, whole in fused.items():
+            m[key] = whole[start : ends[-1]]
+    return FusedLinear(
+        fused["weight"],
+        fused["scales"],
+        fused["biases"],
+        group_size,
+        bits,
+        int8,
+        tuple(ends),
+        tuple(layers),
+    )
