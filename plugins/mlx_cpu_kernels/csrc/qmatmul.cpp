@@ -303,7 +303,65 @@ __attribute__((target("avx2,fma"))) inline void q4_rows_block(
   }
 }
 
+// One row of x against 4 weight rows (a decode step): the x loads and the loop overhead are
+// shared and the 4 rows' dependency chains interleave. Each output's arithmetic is
+// q4_rows_block's, op for op, so a row's result depends neither on its neighbours nor on the
+// batch it came in.
+__attribute__((target("avx2,fma"))) inline void q4_row_x4w(
+    const Problem& p, int64_t n, int64_t m) {
+  constexpr int W = 4;
+  const uint32_t* wr[W];
+  const float* sr[W];
+  const float* br[W];
+  for (int j = 0; j < W; ++j) {
+    wr[j] = p.w + (n + j) * (p.K / 8);
+    sr[j] = p.scales + (n + j) * p.G;
+    br[j] = p.biases + (n + j) * p.G;
+  }
+  const float* xr = p.xp + m * p.K;
+  const int blocks = p.group_size / 32;
+  const __m256i mask = _mm256_set1_epi32(0xF);
+  __m256 total[W];
+  for (int j = 0; j < W; ++j) total[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    __m256 a[W], b[W];
+    for (int j = 0; j < W; ++j) a[j] = b[j] = _mm256_setzero_ps();
+    for (int blk = 0; blk < blocks; ++blk) {
+      const int64_t first = g * p.group_size + 32 * blk;
+      const __m256 x0 = _mm256_loadu_ps(xr + first);
+      const __m256 x1 = _mm256_loadu_ps(xr + first + 8);
+      const __m256 x2 = _mm256_loadu_ps(xr + first + 16);
+      const __m256 x3 = _mm256_loadu_ps(xr + first + 24);
+      for (int j = 0; j < W; ++j) {
+        __m128i w4 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[j] + first / 8));
+        __m256i v = _mm256_set_m128i(_mm_srli_epi32(w4, 4), w4);
+        __m256 q0 = _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
+        __m256 q1 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 8), mask));
+        __m256 q2 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 16), mask));
+        __m256 q3 = _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 24), mask));
+        a[j] = _mm256_fmadd_ps(q0, x0, a[j]);
+        b[j] = _mm256_fmadd_ps(q1, x1, b[j]);
+        a[j] = _mm256_fmadd_ps(q2, x2, a[j]);
+        b[j] = _mm256_fmadd_ps(q3, x3, b[j]);
+      }
+    }
+    for (int j = 0; j < W; ++j)
+      total[j] = _mm256_fmadd_ps(_mm256_add_ps(a[j], b[j]), _mm256_set1_ps(sr[j][g]), total[j]);
+  }
+  const float* xs = p.xsum + m * p.G;
+  float bias_term[W] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t g = 0; g < p.G; ++g)
+    for (int j = 0; j < W; ++j) bias_term[j] += br[j][g] * xs[g];
+  for (int j = 0; j < W; ++j) p.out[m * p.N + n + j] = hsum(total[j]) + bias_term[j];
+}
+
 __attribute__((target("avx2,fma"))) void rows_avx2_q4(const Problem& p, int64_t n0, int64_t n1) {
+  if (p.M == 1) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) q4_row_x4w(p, n, 0);
+    for (; n < n1; ++n) q4_rows_block<1>(p, n, 0);
+    return;
+  }
   for (int64_t n = n0; n < n1; ++n) {
     int64_t m0 = 0;
     for (; m0 + 4 <= p.M; m0 += 4) q4_rows_block<4>(p, n, m0);

@@ -140,12 +140,19 @@ def test_int8_activations_keep_batch_dims_and_agree_across_threads() -> None:
     np.testing.assert_allclose(outs[0].reshape(6, 4096), expected, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("int8", [True, False])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_int8_rows_give_the_same_bits_alone_and_in_a_batch(path: str, bits: int) -> None:
-    """Batched decode must equal solo decode: a row's result never depends on its neighbours."""
-    wq, scales, biases = _quantized(203, 384, 64, bits)  # 203: not a multiple of 4 weight rows
+def test_rows_give_the_same_bits_alone_and_in_a_batch(path: str, bits: int, int8: bool) -> None:
+    """Batched decode must equal solo decode: a row's result never depends on its neighbours
+    (nor on the weight rows it is computed with: 203 is not a multiple of 4), and the layers
+    fused into one call give each layer's own bits (tail of 3 rows below)."""
+    wq, scales, biases = _quantized(203, 384, 64, bits)
     x = mx.random.normal((9, 384), key=mx.random.key(9))
-    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 64, bits, True))
+    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 64, bits, int8))
     for row in range(9):
-        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits, True)
+        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits, int8)
         np.testing.assert_array_equal(np.array(alone)[0], batch[row])
+        tail = kernels.quantized_matmul(
+            x[row : row + 1], wq[200:], scales[200:], biases[200:], 64, bits, int8
+        )
+        np.testing.assert_array_equal(np.array(tail)[0], batch[row, 200:])
