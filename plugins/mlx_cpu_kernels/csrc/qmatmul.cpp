@@ -245,6 +245,53 @@ __attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0,
 #endif
 
 #ifdef EXO_X86
+// 8 bits, one row of x against 4 weight rows (the output head of a decode step): the bytes
+// are widened straight from the weights (no buffer) and the x loads are shared. Each output's
+// arithmetic is rows_avx2's, op for op (two accumulators alternating over the vectors).
+__attribute__((target("avx2,fma"))) inline void q8f_row_x4w(
+    const Problem& p, int64_t n, int64_t m) {
+  constexpr int W = 4;
+  const uint8_t* wr[W];
+  const float* sr[W];
+  const float* br[W];
+  for (int j = 0; j < W; ++j) {
+    wr[j] = reinterpret_cast<const uint8_t*>(p.w) + (n + j) * p.K;
+    sr[j] = p.scales + (n + j) * p.G;
+    br[j] = p.biases + (n + j) * p.G;
+  }
+  const float* xr = p.x + m * p.K;
+  const int vecs = p.group_size / 8;  // even: 4, 8 or 16
+  __m256 total[W];
+  for (int j = 0; j < W; ++j) total[j] = _mm256_setzero_ps();
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t first = g * p.group_size;
+    __m256 a0[W], a1[W];
+    for (int j = 0; j < W; ++j) a0[j] = a1[j] = _mm256_setzero_ps();
+    for (int v = 0; v < vecs; v += 2) {
+      const __m256 x0 = _mm256_loadu_ps(xr + first + 8 * v);
+      const __m256 x1 = _mm256_loadu_ps(xr + first + 8 * v + 8);
+      for (int j = 0; j < W; ++j) {
+        const uint8_t* b = wr[j] + first + 8 * v;
+        const __m256 q0 = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b))));
+        const __m256 q1 = _mm256_cvtepi32_ps(
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + 8))));
+        a0[j] = _mm256_fmadd_ps(q0, x0, a0[j]);
+        a1[j] = _mm256_fmadd_ps(q1, x1, a1[j]);
+      }
+    }
+    for (int j = 0; j < W; ++j)
+      total[j] = _mm256_fmadd_ps(_mm256_add_ps(a0[j], a1[j]), _mm256_set1_ps(sr[j][g]), total[j]);
+  }
+  const float* xs = p.xsum + m * p.G;
+  float bias_term[W] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int64_t g = 0; g < p.G; ++g)
+    for (int j = 0; j < W; ++j) bias_term[j] += br[j][g] * xs[g];
+  for (int j = 0; j < W; ++j) p.out[m * p.N + n + j] = hsum(total[j]) + bias_term[j];
+}
+#endif
+
+#ifdef EXO_X86
 // 4 bits, straight from the packed words: 4 words (32 elements) are put in both halves of a
 // vector, the upper half shifted by 4; shifting by 0, 8, 16, 24 then gives 8 elements per
 // step: lane w = element 8w + 2t, lane 4 + w = element 8w + 2t + 1 (t = 0..3). x is permuted
@@ -564,7 +611,11 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
       p.bits == 4 ? rows_avx2_q8<4>(p, n0, n1) : rows_avx2_q8<8>(p, n0, n1);
     else if (p.bits == 4 && p.xp != nullptr)
       rows_avx2_q4(p, n0, n1);
-    else
+    else if (p.bits == 8 && p.M == 1) {
+      int64_t n = n0;
+      for (; n + 4 <= n1; n += 4) q8f_row_x4w(p, n, 0);
+      if (n < n1) rows_avx2(p, n, n1);
+    } else
       rows_avx2(p, n0, n1);
     return;
   }
