@@ -76,11 +76,14 @@ def profile(steps: int) -> None:
     head_ms = _median_ms(lambda: embed.as_linear(x), steps)
     kind = type(layers[0]).__name__
     import exo_mlx_cpu_kernels as kernels
-    from exo_engine_mlx.compiled_step import CompiledTransformerBlock
+    from exo_engine_mlx.compiled_step import CompiledTransformerBlock, fused_projections
 
-    compiled = sum(isinstance(m, CompiledTransformerBlock) for _, m in model.named_modules())
+    blocks = [m for _, m in model.named_modules() if isinstance(m, CompiledTransformerBlock)]
+    fused = [f for b in blocks for f in fused_projections(b)]
+    calls = len(layers) + 1 - sum(len(f.parts) - 1 for f in fused)
     print(f"layers: {len(layers)} x {kind}; kernel threads: {kernels.num_threads()}; ", end="")
-    print(f"compiled blocks: {compiled}")
+    print(f"compiled blocks: {len(blocks)}; matmul calls a step: {calls} ", end="")
+    print(f"({len(fused)} fused q/k/v or gate/up)")
     print(f"{'whole one-token step':34}{whole:>9.1f} ms   (CPU time, all threads: ", end="")
     print(f"{whole_cpu:.1f} ms)")
     print(f"{'linear layers (sum, alone)':34}{linear_ms:>9.1f} ms  {linear_ms / whole:>5.0%}")

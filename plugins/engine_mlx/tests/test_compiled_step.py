@@ -29,6 +29,7 @@ from exo_engine_mlx.compiled_step import (
     CompiledTransformerBlock,
     compile_decode_step,
     compile_requested,
+    fused_projections,
 )
 from exo_engine_mlx.cpu_kernels import use_kernels
 from exo_engine_mlx.tiny_model import make_tiny_model
@@ -94,6 +95,9 @@ def test_one_token_steps_match_uncompiled(tiny_dir: Path, weights: str) -> None:
         nn.quantize(model, group_size=32, bits=4)
         assert use_kernels(model) > 0
     assert compile_decode_step(model) == 3
+    # On the kernels q/k/v and gate/up run as one call each (bit for bit the same outputs).
+    fused = [len(fused_projections(b)) for b in model.model.layers]
+    assert fused == ([2, 2, 2] if weights == "kernels" else [0, 0, 0])
     prompt = tokenizer.encode("the quick brown fox")
     compiled = greedy_steps(model, prompt, 6)
     with uncompiled(model):

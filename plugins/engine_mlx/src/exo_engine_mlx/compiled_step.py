@@ -132,6 +132,12 @@ def _compilable(m: nn.Module) -> bool:
     )
 
 
+def fused_projections(block: nn.Module) -> list[FusedLinear]:
+    """The kernel calls that stand for several of `block`'s projections in its one-token step."""
+    fused: _Fused | None = getattr(block, "_fused", None)
+    return [f for f in (fused.qkv, fused.gate_up) if f is not None] if fused else []
+
+
 def compile_decode_step(model: nn.Module) -> int:
     """Switch every llama block of `model` whose one-token step can be compiled, in place (only
     the class changes; parameters and names stay, kernel layers' parameters become views of
