@@ -39,6 +39,7 @@ from exo_core.plugin import (
     TopLogprob,
     Usage,
 )
+from exo_engine_mlx.generation_batch import ARGMAX, install
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
@@ -165,12 +166,14 @@ class BatchEngine:
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
         self._prefill_step = prefill_step_size
         prefill_batch = 1 if has_recurrent_state(model) else max_concurrent
-        self._new_generator: Callable[[], BatchGenerator] = lambda: BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in sorted(self._eos)],
-            completion_batch_size=max_concurrent,
-            prefill_batch_size=prefill_batch,
-            prefill_step_size=prefill_step_size,
+        self._new_generator: Callable[[], BatchGenerator] = lambda: install(
+            BatchGenerator(
+                model,
+                stop_tokens=[[t] for t in sorted(self._eos)],
+                completion_batch_size=max_concurrent,
+                prefill_batch_size=prefill_batch,
+                prefill_step_size=prefill_step_size,
+            )
         )
         self._generator = self._new_generator()
         self._guard = _Guard()
@@ -223,7 +226,7 @@ class BatchEngine:
             usage = Usage(prompt_tokens=len(tokens))
             return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
         max_tokens = self._max_tokens(params, len(tokens))
-        sampler = self._guard.sampler(task_id, make_sampler(params.sampling))
+        sampler = self._sampler(task_id, params)
         wanted = make_processors(params.sampling)
         if params.ignore_eos:
             wanted.append(ban_tokens(sorted(self._eos)))
@@ -253,6 +256,13 @@ class BatchEngine:
         self._by_uid[uid] = seq
         self._by_task[task_id] = seq
         return []
+
+    def _sampler(self, task_id: TaskId, params: GenerationParams) -> Sampler:
+        # Greedy rows that read no logprobs share ARGMAX (one argmax for the batch, no
+        # normalisation: generation_batch.py); an argmax cannot fail, so it needs no guard.
+        if params.sampling.temperature == 0 and not params.logprobs:
+            return ARGMAX
+        return self._guard.sampler(task_id, make_sampler(params.sampling))
 
     def cancel(self, task_id: TaskId) -> list[Chunk]:
         seq = self._by_task.get(task_id)
