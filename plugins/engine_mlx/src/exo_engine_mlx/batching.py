@@ -41,6 +41,7 @@ from exo_core.plugin import (
 )
 from exo_engine_mlx.generation_batch import ARGMAX, install
 from exo_engine_mlx.output import family_parser
+from exo_engine_mlx.prefill_threads import for_this_process
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
 from exo_engine_mlx.sampling import (
@@ -176,6 +177,7 @@ class BatchEngine:
             )
         )
         self._generator = self._new_generator()
+        self._blas_threads = for_this_process()
         self._guard = _Guard()
         self._by_uid: dict[int, _Sequence] = {}
         self._by_task: dict[TaskId, _Sequence] = {}
@@ -276,7 +278,7 @@ class BatchEngine:
         if not self._by_uid:
             return []
         try:
-            prompt_responses, responses = self._generator.next()
+            prompt_responses, responses = self._next()
         except Exception as e:
             return self._fail_batch(e)
         out: list[Chunk] = [*self._prefill_progress(prompt_responses)]
@@ -289,6 +291,17 @@ class BatchEngine:
                 seq.first_token_at = now
             out.extend(self._token(seq, r))
         return [*out, *self._fail_guarded()]
+
+    def _next(self) -> tuple[list[Any], list[Any]]:
+        """The generator's step, with the prefill BLAS threads when it prefills prompts."""
+        if self._blas_threads is None or not self._prefills():
+            return self._generator.next()
+        with self._blas_threads.prefilling():
+            return self._generator.next()
+
+    def _prefills(self) -> bool:
+        generator = self._generator
+        return bool(generator._unprocessed_sequences) or len(generator._prompt_batch) > 0
 
     def _fail_guarded(self) -> list[Chunk]:
         """End the requests whose own sampler or processors failed in this step."""

@@ -63,11 +63,12 @@ class ExoGenerationBatch(GenerationBatch):
     def _processed(self, inputs: mx.array, logits: mx.array) -> tuple[mx.array, list[mx.array]]:
         """The rows' logits processors (repetition penalty, banned tokens), row by row as
         mlx-lm runs them, with the token context of the rows that have any."""
-        if not any(self.logits_processors):
+        per_row = self.logits_processors or []
+        if not any(per_row):
             return logits, []
         rows: list[mx.array] = []
         contexts: list[mx.array] = []
-        for e, processors in enumerate(self.logits_processors):
+        for e, processors in enumerate(per_row):
             row = logits[e : e + 1]
             if processors:
                 context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
