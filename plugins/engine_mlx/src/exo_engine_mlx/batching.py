@@ -39,7 +39,9 @@ from exo_core.plugin import (
     TopLogprob,
     Usage,
 )
+from exo_engine_mlx.generation_batch import ARGMAX, install
 from exo_engine_mlx.output import family_parser
+from exo_engine_mlx.prefill_threads import for_this_process
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
 from exo_engine_mlx.sampling import (
@@ -165,14 +167,17 @@ class BatchEngine:
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
         self._prefill_step = prefill_step_size
         prefill_batch = 1 if has_recurrent_state(model) else max_concurrent
-        self._new_generator: Callable[[], BatchGenerator] = lambda: BatchGenerator(
-            model,
-            stop_tokens=[[t] for t in sorted(self._eos)],
-            completion_batch_size=max_concurrent,
-            prefill_batch_size=prefill_batch,
-            prefill_step_size=prefill_step_size,
+        self._new_generator: Callable[[], BatchGenerator] = lambda: install(
+            BatchGenerator(
+                model,
+                stop_tokens=[[t] for t in sorted(self._eos)],
+                completion_batch_size=max_concurrent,
+                prefill_batch_size=prefill_batch,
+                prefill_step_size=prefill_step_size,
+            )
         )
         self._generator = self._new_generator()
+        self._blas_threads = for_this_process()
         self._guard = _Guard()
         self._by_uid: dict[int, _Sequence] = {}
         self._by_task: dict[TaskId, _Sequence] = {}
@@ -223,7 +228,7 @@ class BatchEngine:
             usage = Usage(prompt_tokens=len(tokens))
             return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
         max_tokens = self._max_tokens(params, len(tokens))
-        sampler = self._guard.sampler(task_id, make_sampler(params.sampling))
+        sampler = self._sampler(task_id, params)
         wanted = make_processors(params.sampling)
         if params.ignore_eos:
             wanted.append(ban_tokens(sorted(self._eos)))
@@ -254,6 +259,13 @@ class BatchEngine:
         self._by_task[task_id] = seq
         return []
 
+    def _sampler(self, task_id: TaskId, params: GenerationParams) -> Sampler:
+        # Greedy rows that read no logprobs share ARGMAX (one argmax for the batch, no
+        # normalisation: generation_batch.py); an argmax cannot fail, so it needs no guard.
+        if params.sampling.temperature == 0 and not params.logprobs:
+            return ARGMAX
+        return self._guard.sampler(task_id, make_sampler(params.sampling))
+
     def cancel(self, task_id: TaskId) -> list[Chunk]:
         seq = self._by_task.get(task_id)
         if seq is None:
@@ -266,7 +278,7 @@ class BatchEngine:
         if not self._by_uid:
             return []
         try:
-            prompt_responses, responses = self._generator.next()
+            prompt_responses, responses = self._next()
         except Exception as e:
             return self._fail_batch(e)
         out: list[Chunk] = [*self._prefill_progress(prompt_responses)]
@@ -279,6 +291,17 @@ class BatchEngine:
                 seq.first_token_at = now
             out.extend(self._token(seq, r))
         return [*out, *self._fail_guarded()]
+
+    def _next(self) -> tuple[list[Any], list[Any]]:
+        """The generator's step, with the prefill BLAS threads when it prefills prompts."""
+        if self._blas_threads is None or not self._prefills():
+            return self._generator.next()
+        with self._blas_threads.prefilling():
+            return self._generator.next()
+
+    def _prefills(self) -> bool:
+        generator = self._generator
+        return bool(generator._unprocessed_sequences) or len(generator._prompt_batch) > 0
 
     def _fail_guarded(self) -> list[Chunk]:
         """End the requests whose own sampler or processors failed in this step."""

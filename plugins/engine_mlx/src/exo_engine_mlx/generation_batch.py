@@ -1,0 +1,87 @@
+"""mlx-lm's decode batch with a cheaper step for greedy requests that read no logprobs.
+
+mlx-lm's `GenerationBatch._step` normalises every row's logits to log-probabilities (a
+logsumexp and a subtraction over the whole vocabulary: 8 x 49152 values on SmolLM2, single-
+threaded on the CPU) and, when the rows' samplers are different objects, samples each row on
+its own slice. A greedy request that asked for no logprobs needs neither: its token is the
+argmax of its logits. Such requests share one sampler object, `ARGMAX`; when every row of the
+batch has it, `ExoGenerationBatch` takes one argmax over the batch's logits and skips the
+normalisation. Any other row (sampling, logprobs) gets mlx-lm's own step, unchanged.
+
+The argmax of the logits is the greedy token itself (the argmax of the normalised values can
+differ from it only where subtracting the logsumexp rounds two different logits to one value).
+The `logprobs` of a response of an `ARGMAX` row hold the row's raw logits: nobody reads them
+(the request asked for none).
+
+`install` puts this class in a `BatchGenerator`: the generator keeps one decode batch for its
+whole life and merges each newly prefilled group of sequences into it (`extend`), so every
+decode step after a sequence's first token runs here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch
+
+
+class _Argmax:
+    """The greedy sampler of requests that read no logprobs (one shared object: see module)."""
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return mx.argmax(logprobs, axis=-1)
+
+    def __repr__(self) -> str:
+        return "ARGMAX"
+
+
+ARGMAX = _Argmax()
+
+
+class ExoGenerationBatch(GenerationBatch):
+    def _step(self) -> tuple[list[int], list[mx.array]]:
+        samplers: list[Any] = self.samplers or []
+        if not samplers or any(s is not ARGMAX for s in samplers):
+            return super()._step()
+        # mlx-lm's step (generate.py, GenerationBatch._step) without the normalisation and with
+        # one argmax for the batch; the bookkeeping is the same.
+        self._current_tokens = self._next_tokens
+        self._current_logprobs = self._next_logprobs
+        inputs = self._current_tokens
+        logits = self.model(inputs[:, None], cache=self.prompt_cache)[:, -1, :]
+        logits, context = self._processed(inputs, logits)
+        self._next_tokens = mx.argmax(logits, axis=-1)
+        self._next_logprobs = list(logits)
+        mx.async_eval(self._next_tokens, self._next_logprobs, context)
+        mx.eval(inputs, self._current_logprobs)
+        tokens: list[int] = inputs.tolist()  # type: ignore[assignment]
+        for held, token in zip(self.tokens, tokens, strict=True):
+            held.append(token)
+        return tokens, self._current_logprobs
+
+    def _processed(self, inputs: mx.array, logits: mx.array) -> tuple[mx.array, list[mx.array]]:
+        """The rows' logits processors (repetition penalty, banned tokens), row by row as
+        mlx-lm runs them, with the token context of the rows that have any."""
+        per_row = self.logits_processors or []
+        if not any(per_row):
+            return logits, []
+        rows: list[mx.array] = []
+        contexts: list[mx.array] = []
+        for e, processors in enumerate(per_row):
+            row = logits[e : e + 1]
+            if processors:
+                context = self._token_context[e].update_and_fetch(inputs[e : e + 1])
+                contexts.append(context)
+                for processor in processors:
+                    row = processor(context, row)
+            rows.append(row)
+        return mx.concatenate(rows, axis=0), contexts
+
+
+def install(generator: BatchGenerator) -> BatchGenerator:
+    """`generator` with its (still empty) decode batch replaced by an `ExoGenerationBatch`."""
+    if len(generator._generation_batch) > 0:
+        raise ValueError("the generator is already decoding")
+    generator._generation_batch = ExoGenerationBatch.empty(generator.model, generator.sampler)
+    return generator
