@@ -303,6 +303,9 @@ def test_a_failing_request_fails_alone(loaded: tuple[Any, Any], bad: str) -> Non
     assert text(out["good"]) == solo
     assert finish(out["good"]).finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert text(run(engine, {"after": params(PROMPTS[0])})["after"]) == solo
+    # and it left nothing behind for requests that sample at random (MLX's global key)
+    sampled = run(engine, {"later": params(PROMPTS[0], sampling=SamplingParams(temperature=0.7))})
+    assert isinstance(sampled["later"][-1], FinishChunk), sampled["later"][-1]
 
 
 def test_a_failed_step_ends_its_batch_and_the_engine_goes_on(

@@ -114,6 +114,15 @@ REQUEST_FAILED = "the runner could not generate this request (see the node's log
 STEP_FAILED = "a generation step failed; the requests in it were stopped (see the node's log)"
 
 
+def _restore_random_state(key: Any) -> None:
+    """Give MLX's global random generator a valid key again after a sampler or processor
+    failed. mlx-lm's samplers are compiled with the key as input and output: one that raises
+    while being traced leaves a placeholder as the key, and every later unseeded sampling in
+    this runner would then fail ("eval an array without a primitive"), not just the request
+    that was wrong. MLX has no setter for the key: it is seeded from the key held before."""
+    mx.random.seed(int(key[-1].item()))
+
+
 class _Guard:
     """Wraps one request's sampler and processors: an exception is recorded against the
     request, and a harmless value stands in for the result so the rest of the batch steps."""
@@ -123,9 +132,11 @@ class _Guard:
 
     def sampler(self, task_id: TaskId, inner: Sampler) -> Sampler:
         def sample(logprobs: mx.array) -> mx.array:
+            key = mx.random.state[0]
             try:
                 return inner(logprobs)
             except Exception as e:
+                _restore_random_state(key)
                 self.failed.setdefault(task_id, e)
                 return greedy(logprobs)
 
@@ -133,9 +144,11 @@ class _Guard:
 
     def processor(self, task_id: TaskId, inner: LogitsProcessor) -> LogitsProcessor:
         def process(tokens: mx.array, logits: mx.array) -> mx.array:
+            key = mx.random.state[0]
             try:
                 return inner(tokens, logits)
             except Exception as e:
+                _restore_random_state(key)
                 self.failed.setdefault(task_id, e)
                 return logits
 
