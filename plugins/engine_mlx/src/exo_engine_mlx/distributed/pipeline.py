@@ -26,6 +26,7 @@ never read from disk.
 from __future__ import annotations
 
 from collections.abc import Callable
+from copy import copy
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -100,6 +101,11 @@ def _gemma2_head(text: Any, h: mx.array) -> mx.array:
     return mx.tanh(text.model.embed_tokens.as_linear(h) / cap) * cap
 
 
+def _ssm_caches(inner: Any) -> list[Any]:
+    # A conv state and an SSM state per layer (Mamba 2 counts all the model's layers).
+    return [ArraysCache(size=2) for _ in inner.layers]
+
+
 @dataclass(frozen=True)
 class Slicing:
     """How `SlicedStage` cuts one family. By default the family's own inner forward runs on
@@ -121,6 +127,8 @@ class Slicing:
 
 
 _GEMMA = Slicing(scaled_embedding=True)
+_GENERIC = Slicing()
+_SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits. Each has a 2-rank test (test_family_groups) or shares its
 # code path with one that does (gemma with gemma2; gemma3 wraps gemma3_text; minimax).
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -139,6 +147,33 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         forward=_nemotron_h_forward,
         caches_per_layer=False,
     ),
+    # The family's own forward unchanged on a slice (its masks come from its first cache).
+    **{
+        t: _GENERIC
+        for t in (
+            "mimo",
+            "mixtral",
+            "nanbeige",
+            "nemotron",
+            "olmo2",
+            "olmoe",
+            "phi3",
+            "phimoe",
+            "qwen2_moe",
+            "seed_oss",
+            "smollm3",
+            "stablelm",
+            "starcoder2",
+            "telechat3",
+            # Multimodal wrappers around a llama / qwen3 / (llama or ministral3) text model.
+            "pixtral",
+            "qwen3_vl",
+            "mistral3",
+        )
+    },
+    "phi": Slicing(norm="final_layernorm"),
+    "mamba": _SSM,
+    "mamba2": _SSM,
 }
 
 
@@ -349,6 +384,19 @@ def _carry(cache: list[Any] | None, sent: mx.array) -> None:
             return
 
 
+def _cut_per_layer_args(text: Any, n_layers: int, start: int, end: int) -> None:
+    """Give the model a copy of its args whose per-layer lists (layer kinds) are cut like its
+    layers: its own `make_cache` reads them (MiMo, Mellum, OLMo hybrid)."""
+    args = getattr(text, "args", None)
+    if args is None or not hasattr(args, "__dict__"):
+        return
+    cut = {k: v[start:end] for k, v in vars(args).items() if isinstance(v, list) and len(v) == n_layers}
+    if cut:
+        text.args = copy(args)
+        for name, value in cut.items():
+            setattr(text.args, name, value)
+
+
 class SlicedStage(nn.Module):
     """One rank's part of a family in `SLICED_MODEL_TYPES`: the family's own model, cut to
     layers [start, end), callable like the whole model."""
@@ -376,6 +424,7 @@ class SlicedStage(nn.Module):
             if isinstance(value, list) and len(value) == n_layers and name != "layers":
                 inner[name] = value[start:end]
         inner.layers = inner.layers[start:end]
+        _cut_per_layer_args(text, n_layers, start, end)
         if how.reindex is not None:
             how.reindex(inner)
         tied = not hasattr(text, "lm_head")
