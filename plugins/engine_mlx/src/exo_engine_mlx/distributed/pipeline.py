@@ -55,6 +55,42 @@ def _step3p5_indices(inner: Any) -> None:
     inner.num_layers = len(inner.layers)
 
 
+def _first(kinds: list[Any], kind: Any, missing: int | None = 0) -> int | None:
+    """The index of the first layer of `kind` on this rank's slice. Where the slice has none,
+    its mask is never used: `missing` (0, or None where the forward accepts it)."""
+    return kinds.index(kind) if kind in kinds else missing
+
+
+def _olmo3_indices(inner: Any) -> None:
+    kinds = list(inner.layer_types)  # cut with the layers
+    inner.swa_idx = _first(kinds, "sliding_attention")
+    inner.ga_idx = _first(kinds, "full_attention")
+
+
+def _mellum_indices(inner: Any) -> None:
+    kinds = list(inner.args.layer_types)  # its forward reads the kinds from its (cut) args
+    inner._first_full = _first(kinds, "full_attention")
+    inner._first_sliding = _first(kinds, "sliding_attention", None)
+
+
+def _spark2_5_indices(inner: Any) -> None:
+    kinds = [bool(layer.is_sliding) for layer in inner.layers]
+    inner._first_full = _first(kinds, False, None)
+    inner._first_sliding = _first(kinds, True, None)
+
+
+def _olmo_hybrid_indices(inner: Any) -> None:
+    kinds = [type(layer).__name__ for layer in inner.layers]
+    inner._fa_idx = _first(kinds, "FullAttentionDecoderLayer", None)
+    inner._lin_idx = _first(kinds, "LinearAttentionDecoderLayer", None)
+
+
+def _mimo_v2_flash_indices(inner: Any) -> None:
+    kinds = [bool(layer.is_sliding_window) for layer in inner.layers]
+    inner.swa_idx = _first(kinds, True)
+    inner.ga_idx = _first(kinds, False)
+
+
 def _nemotron_h_indices(inner: Any) -> None:
     # Only mamba ("M") and attention ("*") blocks hold a cache; the forward takes its masks
     # from the first cache of each kind, counted among the caches, not the layers. A slice
@@ -172,6 +208,11 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         )
     },
     "phi": Slicing(norm="final_layernorm"),
+    "olmo3": Slicing(reindex=_olmo3_indices),
+    "mellum": Slicing(reindex=_mellum_indices),
+    "spark2_5": Slicing(embedding="embedding", reindex=_spark2_5_indices),
+    "olmo_hybrid": Slicing(reindex=_olmo_hybrid_indices),
+    "mimo_v2_flash": Slicing(reindex=_mimo_v2_flash_indices),
     "mamba": _SSM,
     "mamba2": _SSM,
 }
@@ -384,17 +425,22 @@ def _carry(cache: list[Any] | None, sent: mx.array) -> None:
             return
 
 
-def _cut_per_layer_args(text: Any, n_layers: int, start: int, end: int) -> None:
-    """Give the model a copy of its args whose per-layer lists (layer kinds) are cut like its
-    layers: its own `make_cache` reads them (MiMo, Mellum, OLMo hybrid)."""
-    args = getattr(text, "args", None)
-    if args is None or not hasattr(args, "__dict__"):
-        return
-    cut = {k: v[start:end] for k, v in vars(args).items() if isinstance(v, list) and len(v) == n_layers}
-    if cut:
-        text.args = copy(args)
-        for name, value in cut.items():
-            setattr(text.args, name, value)
+def _cut_per_layer_args(parts: tuple[Any, ...], n_layers: int, start: int, end: int) -> None:
+    """Give the model and its inner model a copy of their args whose per-layer lists (layer
+    kinds) are cut like the layers: `make_cache` and some forwards read them (Mellum, OLMo
+    hybrid, MiMo V2)."""
+    copies: dict[int, Any] = {}
+    for part in parts:
+        args = getattr(part, "args", None)
+        if args is None or not hasattr(args, "__dict__"):
+            continue
+        if id(args) not in copies:
+            cut = copy(args)
+            for name, value in vars(args).items():
+                if isinstance(value, list) and len(value) == n_layers:
+                    setattr(cut, name, value[start:end])
+            copies[id(args)] = cut
+        part.args = copies[id(args)]
 
 
 class SlicedStage(nn.Module):
@@ -424,7 +470,7 @@ class SlicedStage(nn.Module):
             if isinstance(value, list) and len(value) == n_layers and name != "layers":
                 inner[name] = value[start:end]
         inner.layers = inner.layers[start:end]
-        _cut_per_layer_args(text, n_layers, start, end)
+        _cut_per_layer_args((text, inner), n_layers, start, end)
         if how.reindex is not None:
             how.reindex(inner)
         tied = not hasattr(text, "lm_head")
