@@ -28,13 +28,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from copy import copy
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -269,6 +270,11 @@ def split_pipeline(
         if len(counts) != group.size() or sum(counts) != len(inner.layers):
             raise ValueError(f"layer counts {list(counts)} do not cover the model for the group")
         inner.pipeline(group, list(counts))
+        text = getattr(model, "language_model", None)
+        if text is not None and not hasattr(model, "make_cache"):
+            # A multimodal wrapper's `layers` is the stack's own list, where mlx-lm left None
+            # for the other ranks' layers: its caches follow the text model's (this rank's).
+            model.make_cache = partial(make_prompt_cache, text)
         return model
     if pipeline_method(model) == "sliced":
         return SlicedStage(model, start, end, group)
