@@ -132,6 +132,14 @@ def _gemma3_caches(inner: Any) -> list[Any]:
     ]
 
 
+def _minicpm_head(text: Any, h: mx.array) -> mx.array:
+    # MiniCPM divides the last hidden state by its width ratio before an untied head.
+    args = text.args
+    if args.tie_word_embeddings:
+        return text.model.embed_tokens.as_linear(h)
+    return text.lm_head(h / (args.hidden_size / args.dim_model_base))
+
+
 def _gemma2_head(text: Any, h: mx.array) -> mx.array:
     # Gemma 2 caps its logits softly after the tied head, as its own forward does.
     cap = float(text.final_logit_softcapping)
@@ -157,6 +165,10 @@ class Slicing:
     # The inner forward multiplies the embedding by sqrt(args.hidden_size) (Gemma): a later
     # rank receives an already scaled hidden state, so it must see a scale of 1.
     scaled_embedding: bool = False
+    # The args entry the inner forward multiplies the embedding by (MiniCPM's scale_emb): a
+    # later rank sees 1 there, for the same reason.
+    embedding_scale: str | None = None
+    hidden_size: str = "hidden_size"  # the args entry of the hidden width (OpenELM: model_dim)
     forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
     caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
     caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
@@ -210,6 +222,13 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     },
     "phi": Slicing(norm="final_layernorm"),
     "olmo3": Slicing(reindex=_olmo3_indices),
+    "minicpm": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
+    "minicpm3": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
+    "nemotron-nas": Slicing(caches_per_layer=False),  # a no-op attention holds no cache
+    "youtu_llm": _GENERIC,
+    "openelm": Slicing(
+        inner="transformer", embedding="token_embeddings", hidden_size="model_dim"
+    ),
     "mellum": Slicing(reindex=_mellum_indices),
     "spark2_5": Slicing(embedding="embedding", reindex=_spark2_5_indices),
     "olmo_hybrid": Slicing(reindex=_olmo_hybrid_indices),
@@ -468,8 +487,9 @@ class SlicedStage(nn.Module):
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
-        self._hidden_size = int(text.args.hidden_size)
-        self._vocab_size = int(text.args.vocab_size)
+        args = getattr(text, "args", None) or text.config  # Youtu-LLM calls its args config
+        self._hidden_size = int(getattr(args, how.hidden_size))
+        self._vocab_size = int(args.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         for name, value in list(inner.items()):
@@ -485,6 +505,9 @@ class SlicedStage(nn.Module):
             setattr(inner, how.embedding, _Received(self.receive, head))
             if how.scaled_embedding:
                 inner.args = replace(inner.args, hidden_size=1)
+            if how.embedding_scale is not None:
+                inner.args = copy(inner.args)
+                setattr(inner.args, how.embedding_scale, 1.0)
         if not self.last:
             setattr(inner, how.norm, _Dropped())
             if not tied:
