@@ -157,6 +157,7 @@ class Slicing:
     the rank's slice, one cache per layer, the head is its lm_head or tied embedding."""
 
     inner: str = "model"  # the text model's attribute holding the layer stack
+    layers: str = "layers"  # the inner model's list of layers (Qwen 1: h)
     embedding: str = "embed_tokens"
     norm: str = "norm"
     # After the cut: re-find the mask indices the inner forward reads (None: its masks come
@@ -226,6 +227,7 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "minicpm3": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
     "nemotron-nas": Slicing(caches_per_layer=False),  # a no-op attention holds no cache
     "youtu_llm": _GENERIC,
+    "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
     "openelm": Slicing(
         inner="transformer", embedding="token_embeddings", hidden_size="model_dim"
     ),
@@ -482,7 +484,7 @@ class SlicedStage(nn.Module):
         # (Gemma 3) keeps the text model as `language_model`.
         text: Any = getattr(model, "language_model", model)
         inner = getattr(text, how.inner)
-        n_layers = len(inner.layers)
+        n_layers = len(getattr(inner, how.layers))
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
@@ -493,9 +495,8 @@ class SlicedStage(nn.Module):
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         for name, value in list(inner.items()):
-            if isinstance(value, list) and len(value) == n_layers and name != "layers":
-                inner[name] = value[start:end]
-        inner.layers = inner.layers[start:end]
+            if isinstance(value, list) and len(value) == n_layers:
+                inner[name] = value[start:end]  # the layers themselves too
         _cut_per_layer_args((text, inner), n_layers, start, end)
         if how.reindex is not None:
             how.reindex(inner)
@@ -536,7 +537,7 @@ class SlicedStage(nn.Module):
 
     @property
     def layers(self) -> list[Any]:
-        return self._inner.layers
+        return getattr(self._inner, self._slicing.layers)
 
     def make_cache(self) -> list[Any]:
         if self._slicing.caches is not None:
