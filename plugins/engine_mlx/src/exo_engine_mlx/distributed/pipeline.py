@@ -132,6 +132,25 @@ def _gemma3_caches(inner: Any) -> list[Any]:
     ]
 
 
+def _muse_glimmer_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """Muse Glimmer's forward on a slice: it normalises the embedding (no weight), which only
+    the first rank does; a later rank's received state is already past that."""
+    h = inner.embed_tokens(inputs)
+    if not isinstance(inner.embed_tokens, _Received):
+        h = mx.fast.rms_norm(h, None, inner.embed_eps)
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
+    for layer, c, mask in zip(inner.layers, caches, inner._masks(h, caches), strict=True):
+        h = layer(h, mask, c)
+    return inner.norm(h)
+
+
+def _muse_glimmer_head(text: Any, h: mx.array) -> mx.array:
+    # Its head scales the logits and caps them softly, as its own forward does.
+    out = text.model.embed_tokens.as_linear(h) if text.tie_word_embeddings else text.lm_head(h)
+    cap = float(text.args.final_logit_softcapping)
+    return mx.tanh(out * text.args.output_multiplier / cap) * cap
+
+
 def _minicpm_head(text: Any, h: mx.array) -> mx.array:
     # MiniCPM divides the last hidden state by its width ratio before an untied head.
     args = text.args
@@ -227,6 +246,7 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "minicpm3": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
     "nemotron-nas": Slicing(caches_per_layer=False),  # a no-op attention holds no cache
     "youtu_llm": _GENERIC,
+    "muse_glimmer": Slicing(forward=_muse_glimmer_forward, head=_muse_glimmer_head),
     "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
     "openelm": Slicing(
         inner="transformer", embedding="token_embeddings", hidden_size="model_dim"
