@@ -25,6 +25,7 @@ never read from disk.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from copy import copy
 from dataclasses import dataclass, replace
@@ -151,6 +152,27 @@ def _muse_glimmer_head(text: Any, h: mx.array) -> mx.array:
     return mx.tanh(out * text.args.output_multiplier / cap) * cap
 
 
+def _recurrent_gemma_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """RecurrentGemma's forward on a slice: the embedding scale applies on the first rank
+    only; the local-attention mask comes from this slice's first attention block's cache."""
+    x = inner.embed_tokens(inputs)
+    if inner.scale_by_sqrt_dim and not isinstance(inner.embed_tokens, _Received):
+        x = x * math.sqrt(x.shape[-1])
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
+    kinds = [layer.temporal_block_type for layer in inner.layers]
+    window = next((c for c, k in zip(caches, kinds, strict=True) if k == "attention"), None)
+    mask = create_attention_mask(x, window, window_size=inner.window_size)
+    for layer, c in zip(inner.layers, caches, strict=True):
+        x = layer(x, mask=mask, cache=c)
+    return inner.final_norm(x)
+
+
+def _recurrent_gemma_head(text: Any, h: mx.array) -> mx.array:
+    logits = text.lm_head(h) if "lm_head" in text else text.model.embed_tokens.as_linear(h)
+    cap = text.args.logits_soft_cap
+    return mx.tanh(logits / cap) * cap if cap else logits
+
+
 def _minicpm_head(text: Any, h: mx.array) -> mx.array:
     # MiniCPM divides the last hidden state by its width ratio before an untied head.
     args = text.args
@@ -247,6 +269,9 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "nemotron-nas": Slicing(caches_per_layer=False),  # a no-op attention holds no cache
     "youtu_llm": _GENERIC,
     "muse_glimmer": Slicing(forward=_muse_glimmer_forward, head=_muse_glimmer_head),
+    "recurrent_gemma": Slicing(
+        norm="final_norm", forward=_recurrent_gemma_forward, head=_recurrent_gemma_head
+    ),
     "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
     "openelm": Slicing(
         inner="transformer", embedding="token_embeddings", hidden_size="model_dim"
