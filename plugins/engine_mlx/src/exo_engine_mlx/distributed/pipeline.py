@@ -198,7 +198,7 @@ class Slicing:
     the rank's slice, one cache per layer, the head is its lm_head or tied embedding."""
 
     inner: str = "model"  # the text model's attribute holding the layer stack
-    layers: str = "layers"  # the inner model's list of layers (Qwen 1: h)
+    layers: str = "layers"  # the inner model's list of layers (Qwen 1: h; PLaMo: layers.layers)
     embedding: str = "embed_tokens"
     norm: str = "norm"
     # After the cut: re-find the mask indices the inner forward reads (None: its masks come
@@ -272,10 +272,9 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "recurrent_gemma": Slicing(
         norm="final_norm", forward=_recurrent_gemma_forward, head=_recurrent_gemma_head
     ),
+    "plamo": Slicing(layers="layers.layers"),  # a decoder module holds PLaMo's layer list
     "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
-    "openelm": Slicing(
-        inner="transformer", embedding="token_embeddings", hidden_size="model_dim"
-    ),
+    "openelm": Slicing(inner="transformer", embedding="token_embeddings", hidden_size="model_dim"),
     "mellum": Slicing(reindex=_mellum_indices),
     "spark2_5": Slicing(embedding="embedding", reindex=_spark2_5_indices),
     "olmo_hybrid": Slicing(reindex=_olmo_hybrid_indices),
@@ -497,6 +496,15 @@ def _carry(cache: list[Any] | None, sent: mx.array) -> None:
             return
 
 
+def _layer_list(inner: Any, path: str) -> tuple[Any, str]:
+    """The module holding the layer list at `path` ("layers", "h", "layers.layers"), and
+    the list's name in it."""
+    *parents, name = path.split(".")
+    for parent in parents:
+        inner = getattr(inner, parent)
+    return inner, name
+
+
 def _cut_per_layer_args(parts: tuple[Any, ...], n_layers: int, start: int, end: int) -> None:
     """Give the model and its inner model a copy of their args whose per-layer lists (layer
     kinds) are cut like the layers: `make_cache` and some forwards read them (Mellum, OLMo
@@ -529,7 +537,8 @@ class SlicedStage(nn.Module):
         # (Gemma 3) keeps the text model as `language_model`.
         text: Any = getattr(model, "language_model", model)
         inner = getattr(text, how.inner)
-        n_layers = len(getattr(inner, how.layers))
+        owner, name = _layer_list(inner, how.layers)
+        n_layers = len(owner[name])
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
@@ -539,9 +548,11 @@ class SlicedStage(nn.Module):
         self._vocab_size = int(args.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
-        for name, value in list(inner.items()):
-            if isinstance(value, list) and len(value) == n_layers:
-                inner[name] = value[start:end]  # the layers themselves too
+        layers = owner[name]
+        for key, value in list(inner.items()):
+            if isinstance(value, list) and len(value) == n_layers and value is not layers:
+                inner[key] = value[start:end]
+        owner[name] = layers[start:end]
         _cut_per_layer_args((text, inner), n_layers, start, end)
         if how.reindex is not None:
             how.reindex(inner)
@@ -582,7 +593,8 @@ class SlicedStage(nn.Module):
 
     @property
     def layers(self) -> list[Any]:
-        return getattr(self._inner, self._slicing.layers)
+        owner, name = _layer_list(self._inner, self._slicing.layers)
+        return owner[name]
 
     def make_cache(self) -> list[Any]:
         if self._slicing.caches is not None:
