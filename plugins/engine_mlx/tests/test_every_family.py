@@ -16,7 +16,7 @@ from exo_core.plugin import FinishChunk, ModelCard, ModelId, Sharding
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import all_model_types, family_support
 from exo_engine_mlx.family_sweep import TinyFamilies
-from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
+from exo_engine_mlx.tiny_unbuildable import ENGINE_GAPS, UNBUILDABLE
 
 ROWS = [t for t in all_model_types() if family_support(t).runs]
 
@@ -40,7 +40,8 @@ def test_the_table_has_every_family() -> None:
 
 
 def test_every_unbuildable_entry_is_a_row() -> None:
-    assert set(UNBUILDABLE) <= set(ROWS), "an UNBUILDABLE entry names no row of the table"
+    assert set(UNBUILDABLE) | set(ENGINE_GAPS) <= set(ROWS), "an entry names no row of the table"
+    assert not set(UNBUILDABLE) & set(ENGINE_GAPS)
 
 
 @pytest.mark.parametrize("model_type", ROWS)
@@ -48,6 +49,10 @@ def test_the_family_generates_on_one_rank(model_type: str, tiny_families: TinyFa
     if model_type in UNBUILDABLE:
         pytest.skip(f"no tiny {model_type}: {UNBUILDABLE[model_type]}")
     one = tiny_families.one_rank(model_type)
+    if model_type in ENGINE_GAPS:
+        # Still run: once it generates, the entry must go.
+        assert not isinstance(one.generated.final, FinishChunk), f"{model_type} runs now"
+        pytest.xfail(f"the engine cannot run {model_type}: {ENGINE_GAPS[model_type]}")
     assert isinstance(one.generated.final, FinishChunk), one.generated.final
     assert one.generated.text, "the tiny model generated nothing"
     # What the table (read from mlx-lm's modules) says is what the loaded model does.
