@@ -93,6 +93,29 @@ def _mimo_v2_flash_indices(inner: Any) -> None:
     inner.ga_idx = _first(kinds, False)
 
 
+def _plamo2_indices(inner: Any) -> None:
+    # PLaMo keeps its layer list and mask indices in a decoder module. Its mask makers call
+    # the cache they are given, so a kind this slice lacks points past its caches, at the
+    # None `_plamo2_forward` adds (as for Nemotron-H).
+    decoder = inner.layers
+    kinds = [bool(layer.is_mamba) for layer in decoder.layers]
+    if decoder.ssm_idx is not None:
+        decoder.ssm_idx = _first(kinds, True, len(kinds))
+    decoder.fa_idx = _first(kinds, False, len(kinds))
+
+
+def _plamo2_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    caches = cache if cache is not None else [None] * len(inner.layers.layers)
+    return inner(inputs, cache=[*caches, None])
+
+
+def _plamo3_indices(inner: Any) -> None:
+    decoder = inner.layers
+    kinds = [bool(layer.full_attn) for layer in decoder.layers]
+    decoder.full_idx = _first(kinds, True)
+    decoder.swa_idx = _first(kinds, False, None)
+
+
 def _nemotron_h_indices(inner: Any) -> None:
     # Only mamba ("M") and attention ("*") blocks hold a cache; the forward takes its masks
     # from the first cache of each kind, counted among the caches, not the layers. A slice
@@ -273,6 +296,8 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         norm="final_norm", forward=_recurrent_gemma_forward, head=_recurrent_gemma_head
     ),
     "plamo": Slicing(layers="layers.layers"),  # a decoder module holds PLaMo's layer list
+    "plamo2": Slicing(layers="layers.layers", reindex=_plamo2_indices, forward=_plamo2_forward),
+    "plamo3": Slicing(layers="layers.layers", reindex=_plamo3_indices),
     "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
     "openelm": Slicing(inner="transformer", embedding="token_embeddings", hidden_size="model_dim"),
     "mellum": Slicing(reindex=_mellum_indices),
