@@ -196,6 +196,29 @@ def _recurrent_gemma_head(text: Any, h: mx.array) -> mx.array:
     return mx.tanh(logits / cap) * cap if cap else logits
 
 
+def _nanochat_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """nanochat's forward on a slice: its weightless RMS norms (functions, not modules) run
+    after the embedding on the first rank and after the layers on the last one (the ranks
+    before it have a dropped `norm`, which `SlicedStage` sets there)."""
+    h = inner.wte(inputs)
+    if not isinstance(inner.wte, _Received):
+        h = _rms_norm(h)
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.h)
+    mask = create_attention_mask(h, caches[0])
+    for layer, c in zip(inner.h, caches, strict=True):
+        h = layer(h, mask=mask, cache=c)
+    return h if isinstance(getattr(inner, "norm", None), _Dropped) else _rms_norm(h)
+
+
+def _rms_norm(x: mx.array) -> mx.array:
+    return mx.fast.rms_norm(x, None, 1e-5)  # nanochat's own, without weights
+
+
+def _nanochat_head(text: Any, h: mx.array) -> mx.array:
+    cap = 15.0  # nanochat caps its logits softly at 15
+    return cap * mx.tanh(text.lm_head(h) / cap)
+
+
 def _minicpm_head(text: Any, h: mx.array) -> mx.array:
     # MiniCPM divides the last hidden state by its width ratio before an untied head.
     args = text.args
@@ -298,6 +321,13 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "plamo": Slicing(layers="layers.layers"),  # a decoder module holds PLaMo's layer list
     "plamo2": Slicing(layers="layers.layers", reindex=_plamo2_indices, forward=_plamo2_forward),
     "plamo3": Slicing(layers="layers.layers", reindex=_plamo3_indices),
+    "nanochat": Slicing(
+        inner="transformer",
+        layers="h",
+        embedding="wte",
+        forward=_nanochat_forward,
+        head=_nanochat_head,
+    ),
     "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
     "openelm": Slicing(inner="transformer", embedding="token_embeddings", hidden_size="model_dim"),
     "mellum": Slicing(reindex=_mellum_indices),
