@@ -118,9 +118,29 @@ class Slicing:
     caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
     caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
     head: Callable[[Any, mx.array], mx.array] | None = None  # (text model, last hidden) -> logits
+    # The last rank runs the family's own model call (on its slice, the received hidden state
+    # standing in for the embedding), so the head is the family's own: a logit scale or soft
+    # cap included, which greedy tokens alone would not show.
+    family_head: bool = False
+    # Attributes of the inner model that scale the embedding (granite's embedding_multiplier):
+    # a later rank receives an already scaled hidden state, so they are 1 there.
+    embedding_scales: tuple[str, ...] = ()
 
 
 _GEMMA = Slicing(scaled_embedding=True)
+# The family's own forward and head on a slice of its layers, nothing else to adjust: proven
+# per family by test_every_family_groups (2 ranks, layers 1 + 3, equal greedy tokens).
+_OWN = Slicing(family_head=True)
+_OWN_FAMILIES = (
+    "apertus", "cohere", "deepseek", "dots1", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+    "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "Klear", "llama4_text",
+)  # fmt: skip
+_OTHER_NAMES = {
+    "granite": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    "granitemoe": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
+    "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
+}
 # Families `SlicedStage` splits. Each has a 2-rank test (test_family_groups) or shares its
 # code path with one that does (gemma with gemma2; gemma3 wraps gemma3_text; minimax).
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -139,6 +159,8 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         forward=_nemotron_h_forward,
         caches_per_layer=False,
     ),
+    **{name: _OWN for name in _OWN_FAMILIES},
+    **_OTHER_NAMES,
 }
 
 
@@ -368,8 +390,9 @@ class SlicedStage(nn.Module):
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
-        self._hidden_size = int(text.args.hidden_size)
-        self._vocab_size = int(text.args.vocab_size)
+        args = getattr(text, "args", None) or inner.args  # baichuan_m1's model keeps `config`
+        self._hidden_size = int(args.hidden_size)
+        self._vocab_size = int(args.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         for name, value in list(inner.items()):
@@ -384,6 +407,8 @@ class SlicedStage(nn.Module):
             setattr(inner, how.embedding, _Received(self.receive, head))
             if how.scaled_embedding:
                 inner.args = replace(inner.args, hidden_size=1)
+            for name in how.embedding_scales:
+                setattr(inner, name, 1.0)
         if not self.last:
             setattr(inner, how.norm, _Dropped())
             if not tied:
@@ -436,6 +461,9 @@ class SlicedStage(nn.Module):
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
         forward = self._slicing.forward
         inner = self._inner
+        if self.last and self._slicing.family_head:
+            logits = self._text(inputs, cache=cache)[:, -1:, :].astype(mx.float32)
+            return mx.distributed.all_sum(logits, group=self._group)
         h = forward(inner, inputs, cache) if forward is not None else inner(inputs, cache=cache)
         if self.last:
             # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
