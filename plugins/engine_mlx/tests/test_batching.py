@@ -21,7 +21,7 @@ from exo_core.plugin import (
     TaskId,
     TextChunk,
 )
-from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.batching import BatchEngine, has_recurrent_state
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.textstream import TextStream
 from exo_engine_mlx.tiny_model import make_tiny_model
@@ -94,6 +94,7 @@ def test_greedy_equals_mlx_lm(loaded: tuple[Any, Any]) -> None:
 
 
 def test_eight_concurrent_requests_each_equal_their_solo_run(loaded: tuple[Any, Any]) -> None:
+    assert not has_recurrent_state(loaded[0])  # its prompts are prefilled together
     solo = {p: text(run(BatchEngine(*loaded), {"t": params(p)})["t"]) for p in PROMPTS}
     engine = BatchEngine(*loaded, max_concurrent=8)
     together = run(engine, {f"t{i}": params(p) for i, p in enumerate(PROMPTS)})
@@ -115,6 +116,18 @@ def test_a_request_joining_mid_batch_disturbs_nobody(loaded: tuple[Any, Any]) ->
             out[c.task_id].append(c)
     assert text(out["a"]) == solo[PROMPTS[0]]
     assert text(out["b"]) == solo[PROMPTS[1]]
+
+
+def test_a_recurrent_state_model_answers_in_a_batch_as_alone(tmp_path: Path) -> None:
+    # Nemotron-H's mamba blocks run over a left-padded prompt's padding: prefilled together with
+    # a longer prompt, the shorter one's greedy answer changed. Its prompts are prefilled alone.
+    loaded = mlx_lm.load(str(make_tiny_model(tmp_path / "m", model_type="nemotron_h", layers=4)))
+    model, tokenizer = loaded[:2]
+    assert has_recurrent_state(model)
+    short, long = "hello world", "the quick brown fox jumps over the lazy dog"
+    solo = [text(run(BatchEngine(model, tokenizer), {"t": params(p)})["t"]) for p in (short, long)]
+    together = run(BatchEngine(model, tokenizer), {"a": params(short), "b": params(long)})
+    assert [text(together["a"]), text(together["b"])] == solo
 
 
 def test_max_tokens_and_usage(loaded: tuple[Any, Any]) -> None:

@@ -70,6 +70,22 @@ class _Sequence:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
+def has_recurrent_state(model: Any) -> bool:
+    """Whether the model carries a recurrent state (SSM, convolution, linear attention) in its
+    cache. mlx-lm prefills a batch's prompts left-padded to one length; not every family masks
+    the padding out of such a state (Nemotron-H's mamba blocks run over it), which changes a
+    shorter prompt's answer. Prompts of these models are therefore prefilled one at a time and
+    join the decode batch after: the same answer as alone, at the cost of batched prefill."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
+
+    def recurrent(cache: Any) -> bool:
+        if isinstance(cache, CacheList):  # a layer with several caches (Falcon-H1, ...)
+            return any(recurrent(c) for c in cache.caches)
+        return isinstance(cache, ArraysCache)
+
+    return any(recurrent(c) for c in make_prompt_cache(model))
+
+
 def peak_memory_bytes() -> int:
     """The runner's peak memory: MLX's own peak, or the process's peak RSS when larger (on the
     CPU most of the model lives outside MLX's accounting)."""
@@ -148,11 +164,12 @@ class BatchEngine:
         self.context_length = context_length
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
         self._prefill_step = prefill_step_size
+        prefill_batch = 1 if has_recurrent_state(model) else max_concurrent
         self._new_generator: Callable[[], BatchGenerator] = lambda: BatchGenerator(
             model,
             stop_tokens=[[t] for t in sorted(self._eos)],
             completion_batch_size=max_concurrent,
-            prefill_batch_size=max_concurrent,
+            prefill_batch_size=prefill_batch,
             prefill_step_size=prefill_step_size,
         )
         self._generator = self._new_generator()
