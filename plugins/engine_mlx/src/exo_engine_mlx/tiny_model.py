@@ -203,10 +203,14 @@ def make_tiny_model(
     config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     mx.random.seed(seed)
     model = family.Model(family.ModelArgs.from_dict(config))
-    # Larger weights than the default init, so the logits have a clear winner.
+    # Larger weights than the default init, so the logits have a clear winner. A weight
+    # matrix the class starts at zeros (the routers of Nemotron-H, DeepSeek V3, GLM 4 MoE;
+    # Talkie's head) gets random values: zeros would tie every expert choice or every logit.
     weights: dict[str, mx.array] = {}
     for name, value in tree_flatten(model.parameters()):
         assert isinstance(value, mx.array)
+        if value.ndim == 2 and not name.endswith("bias") and not mx.any(value).item():
+            value = mx.random.normal(value.shape) * value.shape[-1] ** -0.5
         weights[name] = (value * 4 if value.ndim == 2 else value).astype(mx.float32)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))
