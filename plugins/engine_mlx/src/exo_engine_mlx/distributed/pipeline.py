@@ -360,8 +360,12 @@ def split_pipeline(
         text = getattr(model, "language_model", None)
         if text is not None and not hasattr(model, "make_cache"):
             # A multimodal wrapper's `layers` is the stack's own list, where mlx-lm left None
-            # for the other ranks' layers: its caches follow the text model's (this rank's).
-            model.make_cache = partial(make_prompt_cache, text)
+            # for the other ranks' layers (or it has none: Kimi VL): its caches follow the text
+            # model's, or this rank's layers (plain KV caches, as make_prompt_cache makes).
+            if hasattr(text, "layers") or hasattr(text, "make_cache"):
+                model.make_cache = partial(make_prompt_cache, text)
+            else:
+                model.make_cache = lambda: [KVCache() for _ in inner.pipeline_layers]
         return model
     if pipeline_method(model) == "sliced":
         return SlicedStage(model, start, end, group)
