@@ -50,6 +50,12 @@ def _gpt_oss_indices(inner: Any) -> None:
     inner.swa_idx = kinds.index("sliding_attention") if "sliding_attention" in kinds else 0
 
 
+def _afmoe_indices(inner: Any) -> None:
+    kinds = list(inner.layer_types)
+    inner.fa_idx = kinds.index("full_attention") if "full_attention" in kinds else 0
+    inner.swa_idx = next((i for i, layer in enumerate(inner.layers) if layer.use_sliding), None)
+
+
 def _step3p5_indices(inner: Any) -> None:
     sliding = [bool(layer.is_sliding) for layer in inner.layers]
     inner._swa_idx = sliding.index(True) if True in sliding else None
@@ -233,6 +239,22 @@ _OWN_FAMILIES = (
     "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "Klear", "llama4_text",
 )  # fmt: skip
 _OTHER_NAMES = {
+    # AFMoE scales the embedding by sqrt(its hidden_size attribute, used for nothing else).
+    "afmoe": Slicing(family_head=True, embedding_scales=("hidden_size",), reindex=_afmoe_indices),
+    "gptj": Slicing(
+        family_head=True, layers="h", embedding="wte", norm="ln_f", hidden_size="n_embd"
+    ),
+    "exaone": Slicing(
+        family_head=True, inner="transformer", layers="h", embedding="wte", norm="ln_f"
+    ),
+    "dbrx": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="blocks",
+        embedding="wte",
+        norm="norm_f",
+        hidden_size="d_model",
+    ),
     "granite": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
     "granitemoe": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
     "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
