@@ -49,7 +49,7 @@ PROMPT = "hello world"
 MAX_TOKENS = 6
 # One case (load and a few tokens of a tiny model) takes well under a second alone; a hung
 # collective is ended after this.
-CASE_TIMEOUT_S = 120.0
+CASE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -131,6 +131,10 @@ class Case:
     sharding: Sharding
     path: str
 
+    @property
+    def key(self) -> str:
+        return f"{self.model_type}/{self.sharding}"
+
 
 @dataclass(frozen=True)
 class CaseResult:
@@ -154,7 +158,7 @@ def _plan(sharding: Sharding, rank: int, group: Any) -> Any:
 
 
 def _all_loaded(group: Any, ok: bool) -> bool:
-    """Whether every rank loaded its part (a barrier too)."""
+    """Whether every rank is `ok` (loaded its part, finished its generation); a barrier."""
     import mlx.core as mx
 
     total = mx.distributed.all_sum(mx.array(1.0 if ok else 0.0), group=group, stream=mx.cpu)
@@ -177,16 +181,25 @@ def _run_case(case: Case, rank: int, group: Any) -> CaseResult:
     out = generate(model, tokenizer)
     del model, tokenizer
     mx.clear_cache()
-    if not isinstance(out.final, FinishChunk):
-        return CaseResult(out.text, f"rank {rank} ended with {out.final!r}")
+    finished = isinstance(out.final, FinishChunk)
+    # Both ranks learn whether the other finished (a barrier before the next case, too).
+    if not _all_loaded(group, finished) and finished:
+        return CaseResult(out.text, "another rank did not finish")
+    if not finished:
+        return CaseResult(out.text, f"rank {rank} ended with {out.final!r} (see its log)")
     return CaseResult(out.text)
 
 
 def rank_main(job_path: str, rank: int) -> None:
     """A rank of the sweep's pair: join the ring, then run every case of the job in order.
     Rank 0 appends a line per case to the job's output: "start" first, then the result."""
+    from loguru import logger
+
     from exo_core.plugin import RunnerSpec, join_group
 
+    # Short tracebacks: loguru's default (every frame's values) can take minutes on arrays.
+    logger.remove()
+    logger.add(sys.stderr, level="WARNING", backtrace=False, diagnose=False)
     job = json.loads(Path(job_path).read_text())
     import msgspec
 
@@ -195,13 +208,14 @@ def rank_main(job_path: str, rank: int) -> None:
     out = Path(job["out"])
     for raw in job["cases"]:
         case = Case(**raw)
-        key = f"{case.model_type}/{case.sharding}"
         if rank == 0:
-            _append(out, {"start": key})
+            _append(out, {"start": case.key})
         with _deadline(CASE_TIMEOUT_S):
             result = _run_case(case, rank, group)
         if rank == 0 or result.error:
-            _append(out, {"case": key, "rank": rank, "text": result.text, "error": result.error})
+            _append(
+                out, {"case": case.key, "rank": rank, "text": result.text, "error": result.error}
+            )
 
 
 @contextlib.contextmanager
@@ -221,16 +235,30 @@ def _append(path: Path, line: dict[str, Any]) -> None:
 
 
 def run_sweep(cases: Sequence[Case], timeout_s: float) -> dict[str, CaseResult]:
-    """Run every case on one 2-rank ring; results by "model_type/sharding". A case that was
-    started and never finished (its pair died or hung) has an error saying so, and the
-    cases after it one saying they did not run."""
+    """Run every case on a 2-rank ring; results by "model_type/sharding". When the pair dies
+    or hangs in a case, that case gets an error saying so and a new pair goes on with the
+    cases after it, until `timeout_s` is spent (cases left then say they did not run)."""
+    results: dict[str, CaseResult] = {}
+    deadline = time.monotonic() + timeout_s
+    left = list(cases)
+    while left and time.monotonic() < deadline:
+        results.update(_run_pair(left, deadline))
+        done = [i for i, c in enumerate(left) if c.key in results]
+        if not done:  # the pair never started a case (it could not form its ring)
+            results[left[0].key] = CaseResult(error="the rank pair ended before this case")
+        left = left[max(done, default=0) + 1 :]
+    for c in left:
+        results[c.key] = CaseResult(error="not run: out of time")
+    return results
+
+
+def _run_pair(cases: Sequence[Case], deadline: float) -> dict[str, CaseResult]:
+    """One pair of rank processes over `cases`, in order, until they end or `deadline`."""
     import msgspec
 
     from exo_core.plugin import group_env
     from exo_engine_mlx.distributed.testing import group_specs
 
-    if not cases:
-        return {}
     work = Path(tempfile.mkdtemp(prefix="family-sweep-"))
     specs = group_specs(Path(cases[0].path), sharding="pipeline", world=2)
     out = work / "results.jsonl"
@@ -241,21 +269,18 @@ def run_sweep(cases: Sequence[Case], timeout_s: float) -> dict[str, CaseResult]:
     }
     job_path = work / "job.json"
     job_path.write_text(json.dumps(job))
-    procs = []
-    logs = []
+    procs: list[subprocess.Popen[bytes]] = []
     for rank, spec in enumerate(specs):
         env = {**os.environ, **group_env(spec, work), RING_TOKEN_ENV: "family-sweep"}
-        log = (work / f"rank{rank}.log").open("w")
-        logs.append(log)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "exo_engine_mlx.family_sweep", str(job_path), str(rank)],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
+        with (work / f"rank{rank}.log").open("w") as log:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "exo_engine_mlx.family_sweep", str(job_path), str(rank)],
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             )
-        )
-    deadline = time.monotonic() + timeout_s
     try:
         for p in procs:
             p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -266,14 +291,11 @@ def run_sweep(cases: Sequence[Case], timeout_s: float) -> dict[str, CaseResult]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-        for log in logs:
-            log.close()
-    return _results(cases, out, work, [p.returncode for p in procs])
+    return _results(out, work, [p.returncode for p in procs])
 
 
-def _results(
-    cases: Sequence[Case], out: Path, work: Path, codes: Sequence[int | None]
-) -> dict[str, CaseResult]:
+def _results(out: Path, work: Path, codes: Sequence[int | None]) -> dict[str, CaseResult]:
+    """The finished cases, and the one the pair was in when it died or hung."""
     lines = [json.loads(x) for x in out.read_text().splitlines()] if out.exists() else []
     results: dict[str, CaseResult] = {}
     started = None
@@ -286,19 +308,13 @@ def _results(
         error = "; ".join(e for e in (previous.error if previous else "", line["error"]) if e)
         text = line["text"] if line["rank"] == 0 else (previous.text if previous else "")
         results[key] = CaseResult(text, error)
-    tail = "; ".join(
-        f"rank {r} exit {c}: ...{(work / f'rank{r}.log').read_text()[-600:]}"
-        for r, c in enumerate(codes)
-        if c != 0
-    )
-    for c in cases:
-        key = f"{c.model_type}/{c.sharding}"
-        if key in results:
-            continue
-        if key == started:
-            results[key] = CaseResult(error=f"the rank pair died or hung in this case ({tail})")
-        else:
-            results[key] = CaseResult(error=f"not run: the rank pair ended before it ({tail})")
+    if started is not None and started not in results:
+        tail = "; ".join(
+            f"rank {r} exit {c}: ...{(work / f'rank{r}.log').read_text()[-600:]}"
+            for r, c in enumerate(codes)
+            if c != 0
+        )
+        results[started] = CaseResult(error=f"the rank pair died or hung in this case ({tail})")
     return results
 
 

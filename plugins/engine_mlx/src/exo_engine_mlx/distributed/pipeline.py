@@ -50,6 +50,12 @@ def _gpt_oss_indices(inner: Any) -> None:
     inner.swa_idx = kinds.index("sliding_attention") if "sliding_attention" in kinds else 0
 
 
+def _afmoe_indices(inner: Any) -> None:
+    kinds = list(inner.layer_types)
+    inner.fa_idx = kinds.index("full_attention") if "full_attention" in kinds else 0
+    inner.swa_idx = next((i for i, layer in enumerate(inner.layers) if layer.use_sliding), None)
+
+
 def _step3p5_indices(inner: Any) -> None:
     sliding = [bool(layer.is_sliding) for layer in inner.layers]
     inner._swa_idx = sliding.index(True) if True in sliding else None
@@ -256,14 +262,50 @@ class Slicing:
     # The args entry the inner forward multiplies the embedding by (MiniCPM's scale_emb): a
     # later rank sees 1 there, for the same reason.
     embedding_scale: str | None = None
+    # Attributes of the inner model itself that scale the embedding (granite's embedding_multiplier):
+    # a later rank receives an already scaled hidden state, so they are 1 there.
+    embedding_scales: tuple[str, ...] = ()
     hidden_size: str = "hidden_size"  # the args entry of the hidden width (OpenELM: model_dim)
     forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
     caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
     caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
     head: Callable[[Any, mx.array], mx.array] | None = None  # (text model, last hidden) -> logits
+    # The last rank runs the family's own model call (on its slice, the received hidden state
+    # standing in for the embedding), so the head is the family's own: a logit scale or soft
+    # cap included, which greedy tokens alone would not show.
+    family_head: bool = False
 
 
 _GEMMA = Slicing(scaled_embedding=True)
+# The family's own forward and head on a slice of its layers, nothing else to adjust: proven
+# per family by test_every_family_groups (2 ranks, layers 1 + 3, equal greedy tokens).
+_OWN = Slicing(family_head=True)
+_OWN_FAMILIES = (
+    "apertus", "cohere", "deepseek", "dots1", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+    "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "Klear", "llama4_text",
+)  # fmt: skip
+_OTHER_NAMES = {
+    # AFMoE scales the embedding by sqrt(its hidden_size attribute, used for nothing else).
+    "afmoe": Slicing(family_head=True, embedding_scales=("hidden_size",), reindex=_afmoe_indices),
+    "gptj": Slicing(
+        family_head=True, layers="h", embedding="wte", norm="ln_f", hidden_size="n_embd"
+    ),
+    "exaone": Slicing(
+        family_head=True, inner="transformer", layers="h", embedding="wte", norm="ln_f"
+    ),
+    "dbrx": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="blocks",
+        embedding="wte",
+        norm="norm_f",
+        hidden_size="d_model",
+    ),
+    "granite": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    "granitemoe": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
+    "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
+}
 _GENERIC = Slicing()
 _SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits. Each has a 2-rank test (test_family_groups) or shares its
@@ -284,6 +326,8 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         forward=_nemotron_h_forward,
         caches_per_layer=False,
     ),
+    **{name: _OWN for name in _OWN_FAMILIES},
+    **_OTHER_NAMES,
     # The family's own forward unchanged on a slice (its masks come from its first cache).
     **{
         t: _GENERIC
@@ -393,8 +437,12 @@ def split_pipeline(
         text = getattr(model, "language_model", None)
         if text is not None and not hasattr(model, "make_cache"):
             # A multimodal wrapper's `layers` is the stack's own list, where mlx-lm left None
-            # for the other ranks' layers: its caches follow the text model's (this rank's).
-            model.make_cache = partial(make_prompt_cache, text)
+            # for the other ranks' layers (or it has none: Kimi VL): its caches follow the text
+            # model's, or this rank's layers (plain KV caches, as make_prompt_cache makes).
+            if hasattr(text, "layers") or hasattr(text, "make_cache"):
+                model.make_cache = partial(make_prompt_cache, text)
+            else:
+                model.make_cache = lambda: [KVCache() for _ in inner.pipeline_layers]
         return model
     if pipeline_method(model) == "sliced":
         return SlicedStage(model, start, end, group)
@@ -598,7 +646,8 @@ class SlicedStage(nn.Module):
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
-        args = getattr(text, "args", None) or text.config  # Youtu-LLM calls its args config
+        # baichuan_m1's and Youtu-LLM's models keep their args as `config`
+        args = getattr(text, "args", None) or getattr(text, "config", None) or inner.args
         self._hidden_size = int(getattr(args, how.hidden_size))
         self._vocab_size = int(args.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
@@ -617,6 +666,8 @@ class SlicedStage(nn.Module):
             setattr(inner, how.embedding, _Received(self.receive, head))
             if how.scaled_embedding:
                 inner.args = replace(inner.args, hidden_size=1)
+            for attr in how.embedding_scales:
+                setattr(inner, attr, 1.0)
             if how.embedding_scale is not None:
                 inner.args = copy(inner.args)
                 setattr(inner.args, how.embedding_scale, 1.0)
@@ -673,6 +724,9 @@ class SlicedStage(nn.Module):
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
         forward = self._slicing.forward
         inner = self._inner
+        if self.last and self._slicing.family_head:
+            logits = self._text(inputs, cache=cache)[:, -1:, :].astype(mx.float32)
+            return mx.distributed.all_sum(logits, group=self._group)
         h = forward(inner, inputs, cache) if forward is not None else inner(inputs, cache=cache)
         if self.last:
             # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
