@@ -78,13 +78,6 @@ def has_recurrent_state(model: Any) -> bool:
     join the decode batch after: the same answer as alone, at the cost of batched prefill."""
     from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
 
-    # A pipeline rank answers for the whole model (`loading.load_model` records it before the
-    # split): a rank whose slice holds no recurrent layer must still prefill one prompt at a
-    # time like the others, or the ranks' steps fall out of step and the group hangs.
-    whole = getattr(model, "recurrent_state", None)
-    if isinstance(whole, bool):
-        return whole
-
     def recurrent(cache: Any) -> bool:
         if isinstance(cache, CacheList):  # a layer with several caches (Falcon-H1, ...)
             return any(recurrent(c) for c in cache.caches)

@@ -92,15 +92,12 @@ def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any
     quantized_kernels = _quantized_kernels(model)
     dense = not quantized_kernels and _dense(model_dir)
     if shard is not None and shard.sharding == "pipeline":
-        from exo_engine_mlx.batching import has_recurrent_state
         from exo_engine_mlx.distributed.pipeline import split_pipeline
 
-        recurrent = has_recurrent_state(model)  # the whole model's, for every rank alike
         # Split before any conversion: the layers left out are dropped while still lazy.
         model = split_pipeline(
             model, shard.start_layer, shard.end_layer, shard.layer_counts, shard.group
         )
-        model.recurrent_state = recurrent
     elif shard is not None:
         from exo_engine_mlx.distributed.tensor import dequantize_sharded, shard_tensor
 
