@@ -12,10 +12,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+
+if TYPE_CHECKING:
+    from exo_engine_mlx.family_sweep import TinyFamilies
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -345,3 +348,12 @@ def llama_reference() -> Callable[[Path, list[int]], np.ndarray]:
         return llama_reference_logits(meta, tensors, ids)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def tiny_families(tmp_path_factory: pytest.TempPathFactory) -> TinyFamilies:
+    """Every family's tiny model (4 layers) and its one-rank generation, each made once per
+    session (test_every_family and test_every_family_groups share them)."""
+    from exo_engine_mlx.family_sweep import TinyFamilies
+
+    return TinyFamilies(tmp_path_factory.mktemp("tiny_families"))

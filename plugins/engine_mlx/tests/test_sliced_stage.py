@@ -77,7 +77,7 @@ def test_a_stage_with_every_layer_computes_the_familys_logits(family: str, tmp_p
 
 
 def test_a_nemotron_h_slice_without_caches_is_refused(tmp_path: Path) -> None:
-    # The pattern is M - * M: layer 1 alone holds no cache for the send to ride on.
+    # The pattern is M E * -: layer 1 (experts) alone holds no cache for the send to ride on.
     model = _load(make_tiny_model(tmp_path / "n", model_type="nemotron_h", layers=4))
     with pytest.raises(PipelineUnsupported, match="hold no cache"):
         split_pipeline(model, 1, 2, (1, 1), mx.distributed.init())

@@ -171,6 +171,7 @@ class BatchEngine:
         default_max_tokens: int = 2048,
         context_length: int | None = None,
         prefill_step_size: int = 2048,
+        recurrent: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -179,7 +180,12 @@ class BatchEngine:
         self.context_length = context_length
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
         self._prefill_step = prefill_step_size
-        prefill_batch = 1 if has_recurrent_state(model) else max_concurrent
+        # `recurrent`: prefill prompts one at a time (None: the model says). The ranks of a
+        # group must agree, so they pass the group's answer: a pipeline rank's slice may hold
+        # no recurrent layer while another's does.
+        if recurrent is None:
+            recurrent = has_recurrent_state(model)
+        prefill_batch = 1 if recurrent else max_concurrent
         self._new_generator: Callable[[], BatchGenerator] = lambda: install(
             BatchGenerator(
                 model,

@@ -61,16 +61,24 @@ def family_support(model_type: str) -> FamilySupport:
     from mlx_lm.models.pipeline import PipelineMixin
 
     # The module's model stack carries mlx-lm's PipelineMixin (defined there or imported, or
-    # in the module of a model class it extends, as qwen3_5_moe extends qwen3_5); the runner
-    # finds that part at load time (`distributed.pipeline._mixin_part`).
+    # in the module of a model class it extends, as qwen3_5_moe extends qwen3_5, or in the
+    # text family a multimodal wrapper imports, as qwen2_vl builds a qwen2 model); the runner
+    # finds that part at load time (`distributed.pipeline._mixin_part`). A wrapper the engine
+    # slices itself (mistral3: a llama text model mostly, ministral3 in some) is "layers".
+    name = module_name(model_type)
+    sliced = name in PIPELINE_MODEL_TYPES or name in SLICED_MODEL_TYPES
     modules = {inspect.getmodule(cls) for cls in inspect.getmro(model)} - {None}
+    if not sliced:
+        modules |= {
+            obj
+            for obj in vars(module).values()
+            if inspect.ismodule(obj) and obj.__name__.startswith("mlx_lm.models.")
+        }
     mixin = any(
         inspect.isclass(obj) and issubclass(obj, PipelineMixin) and obj is not PipelineMixin
         for m in modules
         for obj in vars(m).values()
     )
-    name = module_name(model_type)
-    sliced = name in PIPELINE_MODEL_TYPES or name in SLICED_MODEL_TYPES
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
     return FamilySupport(model_type, True, pipeline, callable(getattr(model, "shard", None)))
 

@@ -76,7 +76,8 @@ def _eval_by_layer(model: nn.Module) -> None:
     # One layer at a time: a tensor rank then holds at most one layer's full weights while
     # slicing, never the whole model.
     for layer in getattr(model, "layers", []):
-        mx.eval(layer.parameters())
+        if layer is not None:  # a wrapper shows mlx-lm's pipeline() list: None = not here
+            mx.eval(layer.parameters())
     mx.eval(model.parameters())
 
 

@@ -157,12 +157,19 @@ def make_tiny_model(
     `make_tiny_tokenizer`), e.g. to give it a family's think and tool-call markers;
     `eos_tokens` are the tokens that end a sequence (gpt-oss ends at `<|return|>` and
     `<|call|>`); `overrides` replace entries of the family's tiny config (a benchmark's
-    sliding window)."""
+    sliding window). An alias mlx-lm maps to another module (`kimi_k2` -> `deepseek_v3`)
+    uses that module's class and, without a file of its own, that module's tiny config; its
+    config.json keeps the alias as `model_type`. A multimodal wrapper's `text_config` gets
+    the common entries (sizes, layers, vocabulary) it does not set itself."""
     import importlib
 
-    if model_type not in TINY_FAMILIES:
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    module = MODEL_REMAPPING.get(model_type, model_type)
+    own = TINY_FAMILIES.get(model_type, TINY_FAMILIES.get(module))
+    if own is None:
         raise ValueError(f"no tiny config for {model_type!r} (have: {', '.join(TINY_FAMILIES)})")
-    family = importlib.import_module(f"mlx_lm.models.{model_type}")
+    family = importlib.import_module(f"mlx_lm.models.{module}")
     out.mkdir(parents=True, exist_ok=True)
     vocab = make_tiny_tokenizer(
         out,
@@ -171,8 +178,7 @@ def make_tiny_model(
         chat_template=chat_template,
         corpus=corpus,
     )
-    config: dict[str, Any] = {
-        "model_type": model_type,
+    common: dict[str, Any] = {
         "hidden_size": hidden,
         "num_hidden_layers": layers,
         "intermediate_size": intermediate,
@@ -183,18 +189,28 @@ def make_tiny_model(
         "rope_theta": 10000.0,
         "tie_word_embeddings": False,
         "max_position_embeddings": 2048,
+    }
+    config: dict[str, Any] = {
+        "model_type": model_type,
+        **common,
         "torch_dtype": "float32",
-        **TINY_FAMILIES[model_type],
+        **own,
         **(overrides or {}),
     }
+    if isinstance(config.get("text_config"), dict):
+        config["text_config"] = {**common, **config["text_config"]}
     eos = _token_ids(out, eos_tokens)
     config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     mx.random.seed(seed)
     model = family.Model(family.ModelArgs.from_dict(config))
-    # Larger weights than the default init, so the logits have a clear winner.
+    # Larger weights than the default init, so the logits have a clear winner. A weight
+    # matrix the class starts at zeros (the routers of Nemotron-H, DeepSeek V3, GLM 4 MoE;
+    # Talkie's head) gets random values: zeros would tie every expert choice or every logit.
     weights: dict[str, mx.array] = {}
     for name, value in tree_flatten(model.parameters()):
         assert isinstance(value, mx.array)
+        if value.ndim == 2 and not name.endswith("bias") and not mx.any(value).item():
+            value = mx.random.normal(value.shape) * value.shape[-1] ** -0.5
         weights[name] = (value * 4 if value.ndim == 2 else value).astype(mx.float32)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))

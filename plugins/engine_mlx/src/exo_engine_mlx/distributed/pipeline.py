@@ -25,15 +25,18 @@ never read from disk.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from copy import copy
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -47,11 +50,76 @@ def _gpt_oss_indices(inner: Any) -> None:
     inner.swa_idx = kinds.index("sliding_attention") if "sliding_attention" in kinds else 0
 
 
+def _afmoe_indices(inner: Any) -> None:
+    kinds = list(inner.layer_types)
+    inner.fa_idx = kinds.index("full_attention") if "full_attention" in kinds else 0
+    inner.swa_idx = next((i for i, layer in enumerate(inner.layers) if layer.use_sliding), None)
+
+
 def _step3p5_indices(inner: Any) -> None:
     sliding = [bool(layer.is_sliding) for layer in inner.layers]
     inner._swa_idx = sliding.index(True) if True in sliding else None
     inner._full_idx = sliding.index(False) if False in sliding else None
     inner.num_layers = len(inner.layers)
+
+
+def _first(kinds: list[Any], kind: Any, missing: int | None = 0) -> int | None:
+    """The index of the first layer of `kind` on this rank's slice. Where the slice has none,
+    its mask is never used: `missing` (0, or None where the forward accepts it)."""
+    return kinds.index(kind) if kind in kinds else missing
+
+
+def _olmo3_indices(inner: Any) -> None:
+    kinds = list(inner.layer_types)  # cut with the layers
+    inner.swa_idx = _first(kinds, "sliding_attention")
+    inner.ga_idx = _first(kinds, "full_attention")
+
+
+def _mellum_indices(inner: Any) -> None:
+    kinds = list(inner.args.layer_types)  # its forward reads the kinds from its (cut) args
+    inner._first_full = _first(kinds, "full_attention")
+    inner._first_sliding = _first(kinds, "sliding_attention", None)
+
+
+def _spark2_5_indices(inner: Any) -> None:
+    kinds = [bool(layer.is_sliding) for layer in inner.layers]
+    inner._first_full = _first(kinds, False, None)
+    inner._first_sliding = _first(kinds, True, None)
+
+
+def _olmo_hybrid_indices(inner: Any) -> None:
+    kinds = [type(layer).__name__ for layer in inner.layers]
+    inner._fa_idx = _first(kinds, "FullAttentionDecoderLayer", None)
+    inner._lin_idx = _first(kinds, "LinearAttentionDecoderLayer", None)
+
+
+def _mimo_v2_flash_indices(inner: Any) -> None:
+    kinds = [bool(layer.is_sliding_window) for layer in inner.layers]
+    inner.swa_idx = _first(kinds, True)
+    inner.ga_idx = _first(kinds, False)
+
+
+def _plamo2_indices(inner: Any) -> None:
+    # PLaMo keeps its layer list and mask indices in a decoder module. Its mask makers call
+    # the cache they are given, so a kind this slice lacks points past its caches, at the
+    # None `_plamo2_forward` adds (as for Nemotron-H).
+    decoder = inner.layers
+    kinds = [bool(layer.is_mamba) for layer in decoder.layers]
+    if decoder.ssm_idx is not None:
+        decoder.ssm_idx = _first(kinds, True, len(kinds))
+    decoder.fa_idx = _first(kinds, False, len(kinds))
+
+
+def _plamo2_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    caches = cache if cache is not None else [None] * len(inner.layers.layers)
+    return inner(inputs, cache=[*caches, None])
+
+
+def _plamo3_indices(inner: Any) -> None:
+    decoder = inner.layers
+    kinds = [bool(layer.full_attn) for layer in decoder.layers]
+    decoder.full_idx = _first(kinds, True)
+    decoder.swa_idx = _first(kinds, False, None)
 
 
 def _nemotron_h_indices(inner: Any) -> None:
@@ -94,10 +162,86 @@ def _gemma3_caches(inner: Any) -> list[Any]:
     ]
 
 
+def _muse_glimmer_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """Muse Glimmer's forward on a slice: it normalises the embedding (no weight), which only
+    the first rank does; a later rank's received state is already past that."""
+    h = inner.embed_tokens(inputs)
+    if not isinstance(inner.embed_tokens, _Received):
+        h = mx.fast.rms_norm(h, None, inner.embed_eps)
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
+    for layer, c, mask in zip(inner.layers, caches, inner._masks(h, caches), strict=True):
+        h = layer(h, mask, c)
+    return inner.norm(h)
+
+
+def _muse_glimmer_head(text: Any, h: mx.array) -> mx.array:
+    # Its head scales the logits and caps them softly, as its own forward does.
+    out = text.model.embed_tokens.as_linear(h) if text.tie_word_embeddings else text.lm_head(h)
+    cap = float(text.args.final_logit_softcapping)
+    return mx.tanh(out * text.args.output_multiplier / cap) * cap
+
+
+def _recurrent_gemma_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """RecurrentGemma's forward on a slice: the embedding scale applies on the first rank
+    only; the local-attention mask comes from this slice's first attention block's cache."""
+    x = inner.embed_tokens(inputs)
+    if inner.scale_by_sqrt_dim and not isinstance(inner.embed_tokens, _Received):
+        x = x * math.sqrt(x.shape[-1])
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
+    kinds = [layer.temporal_block_type for layer in inner.layers]
+    window = next((c for c, k in zip(caches, kinds, strict=True) if k == "attention"), None)
+    mask = create_attention_mask(x, window, window_size=inner.window_size)
+    for layer, c in zip(inner.layers, caches, strict=True):
+        x = layer(x, mask=mask, cache=c)
+    return inner.final_norm(x)
+
+
+def _recurrent_gemma_head(text: Any, h: mx.array) -> mx.array:
+    logits = text.lm_head(h) if "lm_head" in text else text.model.embed_tokens.as_linear(h)
+    cap = text.args.logits_soft_cap
+    return mx.tanh(logits / cap) * cap if cap else logits
+
+
+def _nanochat_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """nanochat's forward on a slice: its weightless RMS norms (functions, not modules) run
+    after the embedding on the first rank and after the layers on the last one (the ranks
+    before it have a dropped `norm`, which `SlicedStage` sets there)."""
+    h = inner.wte(inputs)
+    if not isinstance(inner.wte, _Received):
+        h = _rms_norm(h)
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.h)
+    mask = create_attention_mask(h, caches[0])
+    for layer, c in zip(inner.h, caches, strict=True):
+        h = layer(h, mask=mask, cache=c)
+    return h if isinstance(getattr(inner, "norm", None), _Dropped) else _rms_norm(h)
+
+
+def _rms_norm(x: mx.array) -> mx.array:
+    return mx.fast.rms_norm(x, None, 1e-5)  # nanochat's own, without weights
+
+
+def _nanochat_head(text: Any, h: mx.array) -> mx.array:
+    cap = 15.0  # nanochat caps its logits softly at 15
+    return cap * mx.tanh(text.lm_head(h) / cap)
+
+
+def _minicpm_head(text: Any, h: mx.array) -> mx.array:
+    # MiniCPM divides the last hidden state by its width ratio before an untied head.
+    args = text.args
+    if args.tie_word_embeddings:
+        return text.model.embed_tokens.as_linear(h)
+    return text.lm_head(h / (args.hidden_size / args.dim_model_base))
+
+
 def _gemma2_head(text: Any, h: mx.array) -> mx.array:
     # Gemma 2 caps its logits softly after the tied head, as its own forward does.
     cap = float(text.final_logit_softcapping)
     return mx.tanh(text.model.embed_tokens.as_linear(h) / cap) * cap
+
+
+def _ssm_caches(inner: Any) -> list[Any]:
+    # A conv state and an SSM state per layer (Mamba 2 counts all the model's layers).
+    return [ArraysCache(size=2) for _ in inner.layers]
 
 
 @dataclass(frozen=True)
@@ -106,6 +250,7 @@ class Slicing:
     the rank's slice, one cache per layer, the head is its lm_head or tied embedding."""
 
     inner: str = "model"  # the text model's attribute holding the layer stack
+    layers: str = "layers"  # the inner model's list of layers (Qwen 1: h; PLaMo: layers.layers)
     embedding: str = "embed_tokens"
     norm: str = "norm"
     # After the cut: re-find the mask indices the inner forward reads (None: its masks come
@@ -114,13 +259,55 @@ class Slicing:
     # The inner forward multiplies the embedding by sqrt(args.hidden_size) (Gemma): a later
     # rank receives an already scaled hidden state, so it must see a scale of 1.
     scaled_embedding: bool = False
+    # The args entry the inner forward multiplies the embedding by (MiniCPM's scale_emb): a
+    # later rank sees 1 there, for the same reason.
+    embedding_scale: str | None = None
+    # Attributes of the inner model itself that scale the embedding (granite's embedding_multiplier):
+    # a later rank receives an already scaled hidden state, so they are 1 there.
+    embedding_scales: tuple[str, ...] = ()
+    hidden_size: str = "hidden_size"  # the args entry of the hidden width (OpenELM: model_dim)
     forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
     caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
     caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
     head: Callable[[Any, mx.array], mx.array] | None = None  # (text model, last hidden) -> logits
+    # The last rank runs the family's own model call (on its slice, the received hidden state
+    # standing in for the embedding), so the head is the family's own: a logit scale or soft
+    # cap included, which greedy tokens alone would not show.
+    family_head: bool = False
 
 
 _GEMMA = Slicing(scaled_embedding=True)
+# The family's own forward and head on a slice of its layers, nothing else to adjust: proven
+# per family by test_every_family_groups (2 ranks, layers 1 + 3, equal greedy tokens).
+_OWN = Slicing(family_head=True)
+_OWN_FAMILIES = (
+    "apertus", "cohere", "deepseek", "dots1", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+    "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "Klear", "llama4_text",
+)  # fmt: skip
+_OTHER_NAMES = {
+    # AFMoE scales the embedding by sqrt(its hidden_size attribute, used for nothing else).
+    "afmoe": Slicing(family_head=True, embedding_scales=("hidden_size",), reindex=_afmoe_indices),
+    "gptj": Slicing(
+        family_head=True, layers="h", embedding="wte", norm="ln_f", hidden_size="n_embd"
+    ),
+    "exaone": Slicing(
+        family_head=True, inner="transformer", layers="h", embedding="wte", norm="ln_f"
+    ),
+    "dbrx": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="blocks",
+        embedding="wte",
+        norm="norm_f",
+        hidden_size="d_model",
+    ),
+    "granite": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    "granitemoe": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
+    "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
+}
+_GENERIC = Slicing()
+_SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits. Each has a 2-rank test (test_family_groups) or shares its
 # code path with one that does (gemma with gemma2; gemma3 wraps gemma3_text; minimax).
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -139,6 +326,60 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         forward=_nemotron_h_forward,
         caches_per_layer=False,
     ),
+    **{name: _OWN for name in _OWN_FAMILIES},
+    **_OTHER_NAMES,
+    # The family's own forward unchanged on a slice (its masks come from its first cache).
+    **{
+        t: _GENERIC
+        for t in (
+            "mimo",
+            "mixtral",
+            "nanbeige",
+            "nemotron",
+            "olmo2",
+            "olmoe",
+            "phi3",
+            "phimoe",
+            "qwen2_moe",
+            "seed_oss",
+            "smollm3",
+            "stablelm",
+            "starcoder2",
+            "telechat3",
+            # Multimodal wrappers around a llama / qwen3 / (llama or ministral3) text model.
+            "pixtral",
+            "qwen3_vl",
+            "mistral3",
+        )
+    },
+    "phi": Slicing(norm="final_layernorm"),
+    "olmo3": Slicing(reindex=_olmo3_indices),
+    "minicpm": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
+    "minicpm3": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
+    "nemotron-nas": Slicing(caches_per_layer=False),  # a no-op attention holds no cache
+    "youtu_llm": _GENERIC,
+    "muse_glimmer": Slicing(forward=_muse_glimmer_forward, head=_muse_glimmer_head),
+    "recurrent_gemma": Slicing(
+        norm="final_norm", forward=_recurrent_gemma_forward, head=_recurrent_gemma_head
+    ),
+    "plamo": Slicing(layers="layers.layers"),  # a decoder module holds PLaMo's layer list
+    "plamo2": Slicing(layers="layers.layers", reindex=_plamo2_indices, forward=_plamo2_forward),
+    "plamo3": Slicing(layers="layers.layers", reindex=_plamo3_indices),
+    "nanochat": Slicing(
+        inner="transformer",
+        layers="h",
+        embedding="wte",
+        forward=_nanochat_forward,
+        head=_nanochat_head,
+    ),
+    "qwen": Slicing(inner="transformer", layers="h", embedding="wte", norm="ln_f"),
+    "openelm": Slicing(inner="transformer", embedding="token_embeddings", hidden_size="model_dim"),
+    "mellum": Slicing(reindex=_mellum_indices),
+    "spark2_5": Slicing(embedding="embedding", reindex=_spark2_5_indices),
+    "olmo_hybrid": Slicing(reindex=_olmo_hybrid_indices),
+    "mimo_v2_flash": Slicing(reindex=_mimo_v2_flash_indices),
+    "mamba": _SSM,
+    "mamba2": _SSM,
 }
 
 
@@ -193,6 +434,15 @@ def split_pipeline(
         if len(counts) != group.size() or sum(counts) != len(inner.layers):
             raise ValueError(f"layer counts {list(counts)} do not cover the model for the group")
         inner.pipeline(group, list(counts))
+        text = getattr(model, "language_model", None)
+        if text is not None and not hasattr(model, "make_cache"):
+            # A multimodal wrapper's `layers` is the stack's own list, where mlx-lm left None
+            # for the other ranks' layers (or it has none: Kimi VL): its caches follow the text
+            # model's, or this rank's layers (plain KV caches, as make_prompt_cache makes).
+            if hasattr(text, "layers") or hasattr(text, "make_cache"):
+                model.make_cache = partial(make_prompt_cache, text)
+            else:
+                model.make_cache = lambda: [KVCache() for _ in inner.pipeline_layers]
         return model
     if pipeline_method(model) == "sliced":
         return SlicedStage(model, start, end, group)
@@ -349,6 +599,33 @@ def _carry(cache: list[Any] | None, sent: mx.array) -> None:
             return
 
 
+def _layer_list(inner: Any, path: str) -> tuple[Any, str]:
+    """The module holding the layer list at `path` ("layers", "h", "layers.layers"), and
+    the list's name in it."""
+    *parents, name = path.split(".")
+    for parent in parents:
+        inner = getattr(inner, parent)
+    return inner, name
+
+
+def _cut_per_layer_args(parts: tuple[Any, ...], n_layers: int, start: int, end: int) -> None:
+    """Give the model and its inner model a copy of their args whose per-layer lists (layer
+    kinds) are cut like the layers: `make_cache` and some forwards read them (Mellum, OLMo
+    hybrid, MiMo V2)."""
+    copies: dict[int, Any] = {}
+    for part in parts:
+        args = getattr(part, "args", None)
+        if args is None or not hasattr(args, "__dict__"):
+            continue
+        if id(args) not in copies:
+            cut = copy(args)
+            for name, value in vars(args).items():
+                if isinstance(value, list) and len(value) == n_layers:
+                    setattr(cut, name, value[start:end])
+            copies[id(args)] = cut
+        part.args = copies[id(args)]
+
+
 class SlicedStage(nn.Module):
     """One rank's part of a family in `SLICED_MODEL_TYPES`: the family's own model, cut to
     layers [start, end), callable like the whole model."""
@@ -363,19 +640,24 @@ class SlicedStage(nn.Module):
         # (Gemma 3) keeps the text model as `language_model`.
         text: Any = getattr(model, "language_model", model)
         inner = getattr(text, how.inner)
-        n_layers = len(inner.layers)
+        owner, name = _layer_list(inner, how.layers)
+        n_layers = len(owner[name])
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
-        self._hidden_size = int(text.args.hidden_size)
-        self._vocab_size = int(text.args.vocab_size)
+        # baichuan_m1's and Youtu-LLM's models keep their args as `config`
+        args = getattr(text, "args", None) or getattr(text, "config", None) or inner.args
+        self._hidden_size = int(getattr(args, how.hidden_size))
+        self._vocab_size = int(args.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
-        for name, value in list(inner.items()):
-            if isinstance(value, list) and len(value) == n_layers and name != "layers":
-                inner[name] = value[start:end]
-        inner.layers = inner.layers[start:end]
+        layers = owner[name]
+        for key, value in list(inner.items()):
+            if isinstance(value, list) and len(value) == n_layers and value is not layers:
+                inner[key] = value[start:end]
+        owner[name] = layers[start:end]
+        _cut_per_layer_args((text, inner), n_layers, start, end)
         if how.reindex is not None:
             how.reindex(inner)
         tied = not hasattr(text, "lm_head")
@@ -384,6 +666,11 @@ class SlicedStage(nn.Module):
             setattr(inner, how.embedding, _Received(self.receive, head))
             if how.scaled_embedding:
                 inner.args = replace(inner.args, hidden_size=1)
+            for attr in how.embedding_scales:
+                setattr(inner, attr, 1.0)
+            if how.embedding_scale is not None:
+                inner.args = copy(inner.args)
+                setattr(inner.args, how.embedding_scale, 1.0)
         if not self.last:
             setattr(inner, how.norm, _Dropped())
             if not tied:
@@ -412,7 +699,8 @@ class SlicedStage(nn.Module):
 
     @property
     def layers(self) -> list[Any]:
-        return self._inner.layers
+        owner, name = _layer_list(self._inner, self._slicing.layers)
+        return owner[name]
 
     def make_cache(self) -> list[Any]:
         if self._slicing.caches is not None:
@@ -436,6 +724,9 @@ class SlicedStage(nn.Module):
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None) -> mx.array:
         forward = self._slicing.forward
         inner = self._inner
+        if self.last and self._slicing.family_head:
+            logits = self._text(inputs, cache=cache)[:, -1:, :].astype(mx.float32)
+            return mx.distributed.all_sum(logits, group=self._group)
         h = forward(inner, inputs, cache) if forward is not None else inner(inputs, cache=cache)
         if self.last:
             # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
