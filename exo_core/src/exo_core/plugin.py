@@ -43,6 +43,7 @@ from exo_core.blas import (
     preload_works,
     runner_env,
     shim_for,
+    usable_cores,
 )
 from exo_core.cluster_key import derive as derive_key
 from exo_core.cluster_key import network_key
@@ -194,7 +195,7 @@ from exo_core.transport.base import (
 )
 from exo_core.watchdog import Watchdog
 
-API_VERSION = "1.1"
+API_VERSION = "1.2"
 """major.minor: the minor grows when something is added, the major when something changes."""
 
 InjectedNode = NamedDependency[NodeContext]
@@ -382,4 +383,5 @@ __all__ = [
     "start_rank_reader",
     "start_request_reader",
     "tool_call",
+    "usable_cores",
 ]
