@@ -16,7 +16,7 @@ import pytest
 
 from exo_engine_mlx.families import all_model_types, family_support
 from exo_engine_mlx.family_sweep import Case, CaseResult, TinyFamilies, run_sweep
-from exo_engine_mlx.tiny_unbuildable import ENGINE_GAPS, UNBUILDABLE
+from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +36,7 @@ def sweep(tiny_families: TinyFamilies) -> dict[str, CaseResult]:
     cases: list[Case] = []
     failed: dict[str, CaseResult] = {}
     for model_type, sharding in CASES:
-        if model_type in UNBUILDABLE or model_type in ENGINE_GAPS:
+        if model_type in UNBUILDABLE:
             continue
         try:
             path = tiny_families.path(model_type)
@@ -53,8 +53,6 @@ def test_two_ranks_equal_one(
 ) -> None:
     if model_type in UNBUILDABLE:
         pytest.skip(f"no tiny {model_type}: {UNBUILDABLE[model_type]}")
-    if model_type in ENGINE_GAPS:
-        pytest.skip(f"not on one rank either (test_every_family): {ENGINE_GAPS[model_type]}")
     result = sweep[f"{model_type}/{sharding}"]
     assert not result.error, result.error
     one = tiny_families.one_rank(model_type).generated.text

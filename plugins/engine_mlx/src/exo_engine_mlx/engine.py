@@ -62,11 +62,11 @@ class MlxEngine(Engine):
         )
 
     def sharding_refusal(self, card: ModelCard, sharding: Sharding, ranks: int) -> str | None:
-        if ranks <= 1 or not card.model_type:
-            return None  # one node runs every architecture; an unknown one is not refused
+        if not card.model_type:
+            return None  # an architecture the card does not name is not refused
         from exo_engine_mlx.families import family_support
 
-        return family_support(card.model_type).refusal(sharding)
+        return family_support(card.model_type).refusal(sharding, ranks)
 
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         if card.source.startswith(LOCAL_SCHEME):
