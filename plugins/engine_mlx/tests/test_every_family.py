@@ -12,26 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from exo_core.plugin import FinishChunk, ModelCard, ModelId, Sharding
+from exo_core.plugin import FinishChunk, Sharding
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import UNBATCHABLE, all_model_types, family_support, module_name
-from exo_engine_mlx.family_sweep import TinyFamilies
+from exo_engine_mlx.family_sweep import TinyFamilies, tiny_card
 from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 
 ROWS = [t for t in all_model_types() if family_support(t).runs]
 UNSERVED = [t for t in all_model_types() if module_name(t) in UNBATCHABLE]
-
-
-def _card(model_type: str) -> ModelCard:
-    return ModelCard(
-        model_id=ModelId(f"x/{model_type}"),
-        family=model_type,
-        model_type=model_type,
-        n_layers=4,
-        hidden_size=64,
-        storage_size_bytes=1,
-        source="hf:x/y",
-    )
 
 
 def test_the_table_has_every_family() -> None:
@@ -62,7 +50,7 @@ def test_the_family_generates_on_one_rank(model_type: str, tiny_families: TinyFa
 def test_placement_refuses_exactly_what_the_engine_cannot_split(model_type: str) -> None:
     engine = MlxEngine()
     support = family_support(model_type)
-    card = _card(model_type)
+    card = tiny_card(model_type)
     shardings: tuple[tuple[Sharding, bool], ...] = (
         ("pipeline", support.pipeline is not None),
         ("tensor", support.tensor),
@@ -84,5 +72,5 @@ def test_a_family_the_engine_cannot_serve_is_refused_even_on_one_node(
     one = tiny_families.one_rank(model_type)
     assert not isinstance(one.generated.final, FinishChunk), f"{model_type} generates now"
     for sharding in ("pipeline", "tensor"):
-        refusal = MlxEngine().sharding_refusal(_card(model_type), sharding, 1)
+        refusal = MlxEngine().sharding_refusal(tiny_card(model_type), sharding, 1)
         assert refusal is not None and "cannot serve it yet" in refusal, refusal

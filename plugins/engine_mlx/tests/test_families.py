@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from exo_core.plugin import (
-    ModelCard,
     ModelId,
     NodeId,
     NodeShare,
@@ -18,6 +17,7 @@ from exo_core.plugin import (
 )
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import family_support, markdown_table
+from exo_engine_mlx.family_sweep import tiny_card
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -70,27 +70,15 @@ def test_refusals_say_why() -> None:
     assert unknown is not None and "cannot load" in unknown
 
 
-def _card(model_type: str) -> ModelCard:
-    return ModelCard(
-        model_id=ModelId(f"x/{model_type}"),
-        family=model_type,
-        model_type=model_type,
-        n_layers=8,
-        hidden_size=64,
-        storage_size_bytes=1,
-        source="hf:x/y",
-    )
-
-
 def test_the_engine_refuses_only_what_it_cannot_split() -> None:
     engine = MlxEngine()
-    assert engine.sharding_refusal(_card("qwen3_moe"), "pipeline", 4) is None
-    longcat = engine.sharding_refusal(_card("longcat_flash"), "pipeline", 2)
+    assert engine.sharding_refusal(tiny_card("qwen3_moe"), "pipeline", 4) is None
+    longcat = engine.sharding_refusal(tiny_card("longcat_flash"), "pipeline", 2)
     assert longcat is not None and longcat.startswith("longcat_flash: pipeline parallel")
-    assert engine.sharding_refusal(_card("longcat_flash"), "tensor", 2) is None
-    assert engine.sharding_refusal(_card("longcat_flash"), "pipeline", 1) is None  # one node
-    assert engine.sharding_refusal(_card("gpt_oss"), "pipeline", 2) is None
-    assert engine.sharding_refusal(_card(""), "pipeline", 2) is None  # architecture unknown
+    assert engine.sharding_refusal(tiny_card("longcat_flash"), "tensor", 2) is None
+    assert engine.sharding_refusal(tiny_card("longcat_flash"), "pipeline", 1) is None  # one node
+    assert engine.sharding_refusal(tiny_card("gpt_oss"), "pipeline", 2) is None
+    assert engine.sharding_refusal(tiny_card(""), "pipeline", 2) is None  # architecture unknown
 
 
 def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> None:
@@ -102,7 +90,7 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
         return PlacementOption(model_id=ModelId("x/longcat"), sharding=sharding, shares=shares)
 
     engine = MlxEngine()
-    card = _card("longcat_flash")
+    card = tiny_card("longcat_flash")
 
     def refusal(o: PlacementOption) -> str | None:
         return engine.sharding_refusal(card, o.sharding, len(o.shares))

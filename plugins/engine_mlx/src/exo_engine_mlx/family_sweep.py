@@ -37,9 +37,12 @@ from exo_core.plugin import (
     ErrorChunk,
     FinishChunk,
     GenerationParams,
+    ModelCard,
+    ModelId,
     SamplingParams,
     TaskId,
     TextChunk,
+    any_rank,
 )
 
 # The tiny models of the sweep: four layers, so a pipeline can give its ranks 1 and 3.
@@ -50,6 +53,19 @@ MAX_TOKENS = 6
 # One case (load and a few tokens of a tiny model) takes well under a second alone; a hung
 # collective is ended after this.
 CASE_TIMEOUT_S = 60.0
+
+
+def tiny_card(model_type: str, n_layers: int = LAYERS) -> ModelCard:
+    """A card for a tiny `model_type` model, as placement sees it."""
+    return ModelCard(
+        model_id=ModelId(f"x/{model_type}"),
+        family=model_type,
+        model_type=model_type,
+        n_layers=n_layers,
+        hidden_size=64,
+        storage_size_bytes=1,
+        source="hf:x/y",
+    )
 
 
 @dataclass(frozen=True)
@@ -159,10 +175,7 @@ def _plan(sharding: Sharding, rank: int, group: Any) -> Any:
 
 def _all_loaded(group: Any, ok: bool) -> bool:
     """Whether every rank is `ok` (loaded its part, finished its generation); a barrier."""
-    import mlx.core as mx
-
-    total = mx.distributed.all_sum(mx.array(1.0 if ok else 0.0), group=group, stream=mx.cpu)
-    return total.item() == group.size()
+    return not any_rank(group, not ok)
 
 
 def _run_case(case: Case, rank: int, group: Any) -> CaseResult:

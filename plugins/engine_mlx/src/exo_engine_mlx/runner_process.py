@@ -65,14 +65,6 @@ def _prefix_budget(spec: RunnerSpec, options: RunnerOptions) -> int:
     return options.prefix_cache_bytes // n_layers * (shard.end_layer - shard.start_layer)
 
 
-def _any_rank(group: Any, flag: bool) -> bool:
-    """Whether `flag` holds on any rank of the group (every rank gets the same answer)."""
-    import mlx.core as mx
-
-    total = mx.distributed.all_sum(mx.array(int(flag)), group=group, stream=mx.cpu)
-    return total.item() > 0
-
-
 def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any]) -> tuple[Any, Any]:
     """Join the group when there is one, then load this runner's part of the model."""
     from exo_engine_mlx.loading import ShardPlan, load_model
@@ -102,7 +94,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
 
 
 def serve(conn: Connection, launch: Launch) -> int:
-    from exo_core.plugin import Watchdog
+    from exo_core.plugin import Watchdog, any_rank
     from exo_engine_mlx.batching import BatchEngine, has_recurrent_state
     from exo_engine_mlx.prefix_cache import PrefixCache
 
@@ -121,7 +113,7 @@ def serve(conn: Connection, launch: Launch) -> int:
     recurrent = has_recurrent_state(model)
     if group is not None:
         with watchdog.guard("agreeing on how to prefill", options.group_step_timeout_s):
-            recurrent = _any_rank(group, recurrent)
+            recurrent = any_rank(group, recurrent)
     engine = BatchEngine(
         model,
         tokenizer,

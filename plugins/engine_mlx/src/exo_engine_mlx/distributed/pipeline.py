@@ -308,8 +308,7 @@ _OTHER_NAMES = {
 }
 _GENERIC = Slicing()
 _SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
-# Families `SlicedStage` splits. Each has a 2-rank test (test_family_groups) or shares its
-# code path with one that does (gemma with gemma2; gemma3 wraps gemma3_text; minimax).
+# Families `SlicedStage` splits, each proven on 2 ranks by test_every_family_groups.
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "gpt_oss": Slicing(reindex=_gpt_oss_indices),
     "minimax": Slicing(),
