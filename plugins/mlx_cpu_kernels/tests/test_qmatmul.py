@@ -156,3 +156,20 @@ def test_rows_give_the_same_bits_alone_and_in_a_batch(path: str, bits: int, int8
             x[row : row + 1], wq[200:], scales[200:], biases[200:], 64, bits, int8
         )
         np.testing.assert_array_equal(np.array(tail)[0], batch[row, 200:])
+
+
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 32), (8, 32), (4, 128), (8, 64)])
+def test_many_rows_give_each_row_its_own_bits(bits: int, group_size: int) -> None:
+    """The many-rows kernel (tiles of 32 rows of 1536 here: 70 = 2 tiles + 6, blocks of 4 rows
+    + a tail of 2) gives every row the bits of that row alone, and the dense product's values."""
+    wq, scales, biases = _quantized(67, 1536, group_size, bits)
+    x = mx.random.normal((70, 1536), key=mx.random.key(70))
+    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, bits))
+    for row in (0, 3, 4, 31, 32, 33, 63, 64, 69):
+        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, group_size, bits)
+        np.testing.assert_array_equal(np.array(alone)[0], batch[row])
+    for rows in (2, 3, 5, 8):  # decode batches: one block, or a block and a tail
+        part = kernels.quantized_matmul(x[:rows], wq, scales, biases, group_size, bits)
+        np.testing.assert_array_equal(np.array(part), batch[:rows])
+    dense = x @ mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits).T
+    np.testing.assert_allclose(batch, np.array(dense), rtol=1e-4, atol=1e-3)
