@@ -620,18 +620,21 @@ __attribute__((target("avx2,fma"))) inline void expand_row(const Problem& p, int
   }
 }
 
-// Outputs [m0, m0 + R) x [n, n + W): q[w] = expanded weight row n + w, x the float rows
-// (p.xp for 4 bits, p.x for 8), xst the block's xsum transposed ([G][4]). VECS = group / 8.
+// Outputs [m0, m0 + R) x [n, n + W), groups [g0, g1): q[w] = expanded weight row n + w, x
+// row m0 of the tile's float rows (p.xp's order for 4 bits, p.x's for 8), xst the block's
+// xsum transposed ([G][4]), `carry` the running totals between group ranges ([W][R][8]:
+// stored and reloaded exactly). The last range writes the outputs. VECS = group / 8.
 template <int W, int R, int VECS>
 __attribute__((target("avx2,fma"))) inline void tile_block(
     const Problem& p, const float* const* q, const float* x, const float* xst, int64_t n,
-    int64_t m0) {
-  const float* xr[R];  // x: row m0 of the tile's copy
+    int64_t m0, int64_t g0, int64_t g1, float* carry) {
+  const float* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = x + r * p.K;
   __m256 total[W][R];
   for (int w = 0; w < W; ++w)
-    for (int r = 0; r < R; ++r) total[w][r] = _mm256_setzero_ps();
-  for (int64_t g = 0; g < p.G; ++g) {
+    for (int r = 0; r < R; ++r)
+      total[w][r] = g0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(carry + 8 * (w * R + r));
+  for (int64_t g = g0; g < g1; ++g) {
     __m256 a[W][R], b[W][R];
     for (int w = 0; w < W; ++w)
       for (int r = 0; r < R; ++r) a[w][r] = b[w][r] = _mm256_setzero_ps();
@@ -641,13 +644,13 @@ __attribute__((target("avx2,fma"))) inline void tile_block(
       __m256 q0[W];
       for (int w = 0; w < W; ++w) q0[w] = _mm256_load_ps(q[w] + o);
       for (int r = 0; r < R; ++r) {
-        const __m256 x0 = _mm256_loadu_ps(xr[r] + o);
+        const __m256 x0 = _mm256_load_ps(xr[r] + o);
         for (int w = 0; w < W; ++w) a[w][r] = _mm256_fmadd_ps(q0[w], x0, a[w][r]);
       }
       __m256 q1[W];
       for (int w = 0; w < W; ++w) q1[w] = _mm256_load_ps(q[w] + o + 8);
       for (int r = 0; r < R; ++r) {
-        const __m256 x1 = _mm256_loadu_ps(xr[r] + o + 8);
+        const __m256 x1 = _mm256_load_ps(xr[r] + o + 8);
         for (int w = 0; w < W; ++w) b[w][r] = _mm256_fmadd_ps(q1[w], x1, b[w][r]);
       }
     }
@@ -656,6 +659,11 @@ __attribute__((target("avx2,fma"))) inline void tile_block(
       for (int r = 0; r < R; ++r)
         total[w][r] = _mm256_fmadd_ps(_mm256_add_ps(a[w][r], b[w][r]), scale, total[w][r]);
     }
+  }
+  if (g1 < p.G) {
+    for (int w = 0; w < W; ++w)
+      for (int r = 0; r < R; ++r) _mm256_store_ps(carry + 8 * (w * R + r), total[w][r]);
+    return;
   }
   for (int w = 0; w < W; ++w) {
     const float* br = p.biases + (n + w) * p.G;
@@ -670,52 +678,42 @@ __attribute__((target("avx2,fma"))) inline void tile_block(
   }
 }
 
-template <int W, int R, int VECS>
-__attribute__((target("avx2,fma"))) inline void tile_rows(
-    const Problem& p, const float* const* q, const float* x, const float* xst, int64_t n,
-    int64_t t0, int64_t t1) {
-  int64_t m0 = t0;
-  for (; m0 + R <= t1; m0 += R)
-    tile_block<W, R, VECS>(p, q, x + (m0 - t0) * p.K, xst + 4 * p.G * ((m0 - t0) / R), n, m0);
-  const int64_t left = t1 - m0;
-  const float* xt = x + (m0 - t0) * p.K;
-  const float* tail = xst + 4 * p.G * ((m0 - t0) / R);
-  if (left == 3) tile_block<W, 3, VECS>(p, q, xt, tail, n, m0);
-  if (left == 2) tile_block<W, 2, VECS>(p, q, xt, tail, n, m0);
-  if (left == 1) tile_block<W, 1, VECS>(p, q, xt, tail, n, m0);
-}
-
-template <int W, int R>
-__attribute__((target("avx2,fma"))) inline void tile_rows_any(
-    const Problem& p, const float* const* q, const float* x, const float* xst, int64_t n,
-    int64_t t0, int64_t t1) {
-  switch (p.group_size) {
-    case 32: tile_rows<W, R, 4>(p, q, x, xst, n, t0, t1); break;
-    case 64: tile_rows<W, R, 8>(p, q, x, xst, n, t0, t1); break;
-    default: tile_rows<W, R, 16>(p, q, x, xst, n, t0, t1); break;
+// One block of `rows` (1..R) rows: the block size is a compile-time constant.
+template <int R, int VECS>
+__attribute__((target("avx2,fma"))) inline void tile_block_rows(
+    int64_t rows, const Problem& p, const float* const* q, const float* x, const float* xst,
+    int64_t n, int64_t m0, int64_t g0, int64_t g1, float* carry) {
+  static_assert(R == 4, "blocks of 4 rows and their tails");
+  switch (rows) {
+    case 4: tile_block<1, 4, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
+    case 3: tile_block<1, 3, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
+    case 2: tile_block<1, 2, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
+    default: tile_block<1, 1, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
   }
 }
 
-template <int BITS>
+template <int BITS, int VECS>
 __attribute__((target("avx2,fma"))) void rows_avx2_tiled(
     const Problem& p, int64_t n0, int64_t n1) {
-  // 4 rows x 1 weight row: 12 accumulators in registers. Measured (1 thread, SmolLM2's shapes,
-  // 8 and 40 rows) against 3 x 2 (6 totals spilled or 18 registers) and 2 x 2: 4 x 1 wins at
-  // 8 rows (a decode batch) by 20-30 % and is within 5 % at 40.
+  // Blocks of 4 rows x 1 weight row: 12 accumulators in registers. Measured (1 thread,
+  // SmolLM2's shapes, 8 and 40 rows) against 3 x 2 (6 totals spilled or 18 registers) and
+  // 2 x 2: 4 x 1 wins at 8 rows (a decode batch) by 20-30 % and is within 5 % at 40.
   constexpr int R = 4;
-  constexpr int W = 1;
   const float* x = BITS == 4 ? p.xp : p.x;
-  // Rows of x per tile: they stay in L2 while every weight row pair passes over them.
+  // Rows of x per tile (copied, 32-byte aligned: a load across two cache lines costs two).
   const int64_t tile = std::min(p.M, std::max<int64_t>(R, (196608 / (p.K * 4)) / R * R));
-  // The two expanded weight rows and the tile's rows of x, 32-byte aligned (a load across
-  // two cache lines costs two).
+  // `batch` weight rows are expanded at once (in L2) and each block of R rows of x passes over
+  // them in ranges of groups (`span` elements) that fit L1 with the block: every float read in
+  // the FMA loop comes from L1, and x and the expanded rows come from L2 once per range.
+  constexpr int64_t batch = 8;
+  const int64_t chunks = (p.K + 599) / 600;
+  const int64_t span_groups = (p.G + chunks - 1) / chunks;
   std::unique_ptr<float[], void (*)(float*)> buf(
-      static_cast<float*>(std::aligned_alloc(32, sizeof(float) * (W + tile) * p.K)),
+      static_cast<float*>(std::aligned_alloc(32, sizeof(float) * (batch + tile) * p.K)),
       [](float* f) { std::free(f); });
-  float* q[W];
-  for (int w = 0; w < W; ++w) q[w] = buf.get() + w * p.K;
-  float* xtile = buf.get() + W * p.K;
-  // xsum of each R-row block, transposed to [G][4] (lane r = row m0 + r), zero padded.
+  float* xtile = buf.get() + batch * p.K;
+  alignas(32) float carry[batch][R * 8];
+  // xsum of each R-row block, transposed to [G][4] (lane r = row m0 + r).
   std::vector<float> xst_store((tile + R - 1) / R * 4 * p.G + 8, 0.0f);
   float* xst = reinterpret_cast<float*>(
       (reinterpret_cast<uintptr_t>(xst_store.data()) + 15) & ~uintptr_t{15});
@@ -726,15 +724,31 @@ __attribute__((target("avx2,fma"))) void rows_avx2_tiled(
       for (int64_t g = 0; g < p.G; ++g) xst[(blk * p.G + g) * 4 + lane] = p.xsum[m * p.G + g];
     }
     std::copy(x + t0 * p.K, x + t1 * p.K, xtile);
-    int64_t n = n0;
-    for (; n + W <= n1; n += W) {
-      for (int w = 0; w < W; ++w) expand_row<BITS>(p, n + w, q[w]);
-      tile_rows_any<W, R>(p, q, xtile, xst, n, t0, t1);
+    for (int64_t nb = n0; nb < n1; nb += batch) {
+      const int64_t nb1 = std::min(n1, nb + batch);
+      for (int64_t n = nb; n < nb1; ++n) expand_row<BITS>(p, n, buf.get() + (n - nb) * p.K);
+      for (int64_t m0 = t0; m0 < t1; m0 += R) {
+        const int64_t rows = std::min<int64_t>(R, t1 - m0);
+        const float* xb = xtile + (m0 - t0) * p.K;
+        const float* xsb = xst + 4 * p.G * ((m0 - t0) / R);
+        for (int64_t g0 = 0; g0 < p.G; g0 += span_groups) {
+          const int64_t g1 = std::min(p.G, g0 + span_groups);
+          for (int64_t n = nb; n < nb1; ++n) {
+            const float* q[1] = {buf.get() + (n - nb) * p.K};
+            tile_block_rows<R, VECS>(rows, p, q, xb, xsb, n, m0, g0, g1, carry[n - nb]);
+          }
+        }
+      }
     }
-    for (; n < n1; ++n) {
-      expand_row<BITS>(p, n, q[0]);
-      tile_rows_any<1, R>(p, q, xtile, xst, n, t0, t1);
-    }
+  }
+}
+
+template <int BITS>
+__attribute__((target("avx2,fma"))) void rows_avx2_many(const Problem& p, int64_t n0, int64_t n1) {
+  switch (p.group_size) {
+    case 32: rows_avx2_tiled<BITS, 4>(p, n0, n1); break;
+    case 64: rows_avx2_tiled<BITS, 8>(p, n0, n1); break;
+    default: rows_avx2_tiled<BITS, 16>(p, n0, n1); break;
   }
 }
 #endif
@@ -769,7 +783,7 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
     else if (p.int8)
       p.bits == 4 ? rows_avx2_q8<4>(p, n0, n1) : rows_avx2_q8<8>(p, n0, n1);
     else if (p.M > 1 && (p.bits == 8 || p.xp != nullptr))
-      p.bits == 4 ? rows_avx2_tiled<4>(p, n0, n1) : rows_avx2_tiled<8>(p, n0, n1);
+      p.bits == 4 ? rows_avx2_many<4>(p, n0, n1) : rows_avx2_many<8>(p, n0, n1);
     else if (p.bits == 4 && p.xp != nullptr)
       rows_avx2_q4(p, n0, n1);
     else if (p.bits == 8 && p.M == 1) {
