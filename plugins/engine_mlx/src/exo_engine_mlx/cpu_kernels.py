@@ -5,7 +5,7 @@ small models to fp32 and lean on a fast BLAS. With the kernels built, the weight
 and the quantized layers switch class in place to subclasses whose matmul is the kernel's:
 the model stays an ordinary mlx-lm model (same parameters, same sharding wrappers), so pipeline
 and tensor splits keep working. A batch of many rows (a prefill) goes through BLAS on the
-dequantized weights, which is faster there.
+dequantized weights where that is faster (`dequantize_pays`).
 
 EXO_CPU_KERNELS=auto (default) | float: float32 activations, exact up to summation order.
 EXO_CPU_KERNELS=int8: activations rounded to int8 per 32 values and integer dot products
@@ -27,14 +27,22 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import exo_mlx_cpu_kernels as kernels
+from exo_core.plugin import blas_threads
+from exo_engine_mlx import prefill_threads
 from exo_engine_mlx.blas import loaded_blas
 
-# From this many rows on, dequantize + a fast BLAS beats the kernel (bench/bench_cpu_kernels.py:
-# the int8 kernel wins at 8 rows, BLAS from ~32-40 on SmolLM2's 576x1536 layers). A large
-# matrix (the 49152x576 head: 113 MB dense) costs more to dequantize than the kernel spends
-# up to ~100 rows. Without a fast BLAS the kernel always wins.
-PREFILL_ROWS = 32
-LARGE_PREFILL_ROWS = 128
+# Kernel or dequantize + BLAS for a batch of rows: a cost model fitted to
+# bench/bench_cpu_kernels.py (2-core AMD EPYC, avx2, 1 thread each, CPU time, 4-bit g32, under
+# load, 2026-12-02): the many-rows kernel runs ~45 GFLOP/s a thread from 8 rows on (40-52 on
+# SmolLM2's layers); sgemm ~75 (70-83); dequantizing costs ~12 GB/s of fp32 output a thread,
+# ~1 GB/s for a matrix over 32 MB (the 49152x576 head: 113 MB of fresh pages each call).
+# With one thread each the kernel wins below ~19 rows (layers) / ~200 rows (the head); with
+# more kernel threads than BLAS threads (the runner: kernels on every core, BLAS on all but
+# one) it wins at any size. Without a fast BLAS the kernel always wins.
+KERNEL_GFLOPS = 45.0
+BLAS_GFLOPS = 75.0
+DEQUANTIZE_GBPS = 12.0
+LARGE_DEQUANTIZE_GBPS = 1.0
 LARGE_DENSE_BYTES = 32 << 20
 
 _QUANTIZED = (
@@ -79,17 +87,42 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
-    if _fast_blas() and dequantize_pays(rows, w.shape[0], x.shape[-1]):
+    if _dequantize_pays_here(rows, w.shape[0], x.shape[-1]):
         dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
         return x.astype(mx.float32) @ dense.T
     int8 = bool(getattr(m, "int8_activations", True))
     return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits, int8)
 
 
-def dequantize_pays(rows: int, out_features: int, in_features: int) -> bool:
-    """Whether dequantize + BLAS beats the kernel for `rows` rows of x (a fast BLAS loaded)."""
-    large = out_features * in_features * 4 > LARGE_DENSE_BYTES
-    return rows >= (LARGE_PREFILL_ROWS if large else PREFILL_ROWS)
+def dequantize_pays(
+    rows: int,
+    out_features: int,
+    in_features: int,
+    kernel_threads: int = 1,
+    blas_threads: int = 1,
+) -> bool:
+    """Whether dequantize + BLAS beats the kernel for `rows` rows of x (a fast BLAS loaded):
+    the cost model above, each side on its own threads (the dequantize runs on the kernel's)."""
+    flop = 2.0 * rows * out_features * in_features
+    dense_bytes = 4.0 * out_features * in_features
+    dequantize_gbps = LARGE_DEQUANTIZE_GBPS if dense_bytes > LARGE_DENSE_BYTES else DEQUANTIZE_GBPS
+    kernel_s = flop / (KERNEL_GFLOPS * 1e9 * max(1, kernel_threads))
+    blas_s = flop / (BLAS_GFLOPS * 1e9 * max(1, blas_threads)) + dense_bytes / (
+        dequantize_gbps * 1e9 * max(1, kernel_threads)
+    )
+    return blas_s < kernel_s
+
+
+def _dequantize_pays_here(rows: int, out_features: int, in_features: int) -> bool:
+    """dequantize_pays with this process's threads: the kernel's pool, the BLAS's in a prefill."""
+    return _fast_blas() and dequantize_pays(
+        rows, out_features, in_features, kernels.num_threads(), _prefill_blas_threads()
+    )
+
+
+@functools.cache
+def _prefill_blas_threads() -> int:
+    return prefill_threads.requested() or blas_threads()
 
 
 @functools.cache
@@ -182,9 +215,7 @@ class FusedLinear:
     def __call__(self, x: mx.array) -> list[mx.array]:
         rows = x.size // x.shape[-1] if x.ndim else 1
         cols = x.shape[-1]
-        if _fast_blas() and any(
-            dequantize_pays(rows, p["weight"].shape[0], cols) for p in self.parts
-        ):
+        if any(_dequantize_pays_here(rows, p["weight"].shape[0], cols) for p in self.parts):
             return [p(x) for p in self.parts]
         y = kernels.quantized_matmul(
             x,
