@@ -10,8 +10,9 @@ runner-like process (no server; the runner's fast BLAS preloaded through `runner
 2. The pieces of one step, each timed alone on the engine's own batch cache: the forward
    without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old
    and new), the cache update.
-3. The prefill of N prompts of ~45 tokens: the forward, the dequantize calls and the sgemm
-   calls alone (what the BLAS threads can speed up).
+3. The prefill of N prompts of ~45 tokens: the forward with cpu_kernels' choice of kernel or
+   dequantize + BLAS per layer (its cost model) and with the fixed 32-row threshold it replaced,
+   then the dequantize calls and the sgemm calls alone (what the BLAS threads can speed up).
 Medians; never asserts on time. On a loaded machine read the CPU columns.
 """
 
@@ -150,7 +151,15 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         model(tokens, cache=fresh)
         mx.eval([c.state for c in fresh])
 
-    _line("prefill forward (no head)", _timed(forward, 2))
+    chosen = cpu_kernels._dequantize_pays_here  # pyright: ignore[reportPrivateUsage]
+    before = lambda rows, out, inp: rows >= 32  # noqa: E731  (the fixed threshold before)
+    for name, pays in (
+        ("kernels where the cost model says", chosen),
+        ("BLAS from 32 rows", before),
+    ):
+        cpu_kernels._dequantize_pays_here = pays  # pyright: ignore[reportPrivateUsage]
+        _line(f"prefill forward (no head), {name}", _timed(forward, 2))
+    cpu_kernels._dequantize_pays_here = chosen  # pyright: ignore[reportPrivateUsage]
     linears = [
         m for _, m in model.named_modules() if isinstance(m, cpu_kernels.KernelQuantizedLinear)
     ]
