@@ -11,8 +11,8 @@ runner-like process (no server; the runner's fast BLAS preloaded through `runner
    without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old
    and new), the cache update.
 3. The prefill of N prompts of ~45 tokens: the forward with cpu_kernels' choice of kernel or
-   dequantize + BLAS per layer (its cost model) and with the fixed 32-row threshold it replaced,
-   then the dequantize calls and the sgemm calls alone (what the BLAS threads can speed up).
+   dequantize + BLAS per layer (its cost model) and with the kernels for every layer, then the
+   dequantize calls and the sgemm calls alone (what the BLAS threads can speed up).
 Medians; never asserts on time. On a loaded machine read the CPU columns.
 """
 

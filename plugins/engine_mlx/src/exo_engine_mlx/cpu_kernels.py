@@ -27,18 +27,17 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import exo_mlx_cpu_kernels as kernels
-from exo_core.plugin import blas_threads
-from exo_engine_mlx import prefill_threads
 from exo_engine_mlx.blas import loaded_blas
 
-# Kernel or dequantize + BLAS for a batch of rows: a cost model fitted to
-# bench/bench_cpu_kernels.py (2-core AMD EPYC, avx2, 1 thread each, CPU time, 4-bit g32, under
-# load, 2026-12-02): the many-rows kernel runs ~45 GFLOP/s a thread from 8 rows on (40-52 on
-# SmolLM2's layers); sgemm ~75 (70-83); dequantizing costs ~12 GB/s of fp32 output a thread,
-# ~1 GB/s for a matrix over 32 MB (the 49152x576 head: 113 MB of fresh pages each call).
-# With one thread each the kernel wins below ~19 rows (layers) / ~200 rows (the head); with
-# more kernel threads than BLAS threads (the runner: kernels on every core, BLAS on all but
-# one) it wins at any size. Without a fast BLAS the kernel always wins.
+# Kernel or dequantize + BLAS for a batch of rows: the cheaper in CPU time, from a cost model
+# fitted to bench/bench_cpu_kernels.py (2-core AMD EPYC, avx2, 1 thread each, CPU time, 4-bit
+# g32, under load, 2026-12-02): the many-rows kernel runs ~45 GFLOP/s a thread from 8 rows on
+# (40-52 on SmolLM2's layers); sgemm ~75 (70-83); dequantizing costs ~12 GB/s of fp32 output,
+# ~1 GB/s for a matrix over 32 MB (the 49152x576 head: 113 MB of fresh pages each call). So
+# the kernel below ~19 rows (layers) / ~220 rows (the head). CPU time, not wall time with each
+# side's threads (kernels on every core, BLAS on all but one): a prefill of 8 x 45 rows on the
+# kernels' 2 threads took 2x the wall and CPU time of BLAS on 1 on the loaded machine
+# (bench/profiles/batch8_step_smollm2.txt). Without a fast BLAS the kernel always wins.
 KERNEL_GFLOPS = 45.0
 BLAS_GFLOPS = 75.0
 DEQUANTIZE_GBPS = 12.0
@@ -94,35 +93,19 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits, int8)
 
 
-def dequantize_pays(
-    rows: int,
-    out_features: int,
-    in_features: int,
-    kernel_threads: int = 1,
-    blas_threads: int = 1,
-) -> bool:
-    """Whether dequantize + BLAS beats the kernel for `rows` rows of x (a fast BLAS loaded):
-    the cost model above, each side on its own threads (the dequantize runs on the kernel's)."""
+def dequantize_pays(rows: int, out_features: int, in_features: int) -> bool:
+    """Whether dequantize + BLAS costs less CPU than the kernel for `rows` rows of x (the cost
+    model above; a fast BLAS loaded)."""
     flop = 2.0 * rows * out_features * in_features
     dense_bytes = 4.0 * out_features * in_features
     dequantize_gbps = LARGE_DEQUANTIZE_GBPS if dense_bytes > LARGE_DENSE_BYTES else DEQUANTIZE_GBPS
-    kernel_s = flop / (KERNEL_GFLOPS * 1e9 * max(1, kernel_threads))
-    blas_s = flop / (BLAS_GFLOPS * 1e9 * max(1, blas_threads)) + dense_bytes / (
-        dequantize_gbps * 1e9 * max(1, kernel_threads)
-    )
+    kernel_s = flop / (KERNEL_GFLOPS * 1e9)
+    blas_s = flop / (BLAS_GFLOPS * 1e9) + dense_bytes / (dequantize_gbps * 1e9)
     return blas_s < kernel_s
 
 
 def _dequantize_pays_here(rows: int, out_features: int, in_features: int) -> bool:
-    """dequantize_pays with this process's threads: the kernel's pool, the BLAS's in a prefill."""
-    return _fast_blas() and dequantize_pays(
-        rows, out_features, in_features, kernels.num_threads(), _prefill_blas_threads()
-    )
-
-
-@functools.cache
-def _prefill_blas_threads() -> int:
-    return prefill_threads.requested() or blas_threads()
+    return _fast_blas() and dequantize_pays(rows, out_features, in_features)
 
 
 @functools.cache
