@@ -36,7 +36,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
+
+from exo_engine_mlx.distributed import slicing_hybrid as hybrid
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -307,6 +309,14 @@ _OTHER_NAMES = {
     "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
 }
 _GENERIC = Slicing()
+
+
+def _hybrid(**how: Any) -> Slicing:
+    # The None past the caches is added by our forward, which the family's own model call
+    # would bypass: the head is the lm_head / tied embedding (these families do not scale it).
+    return Slicing(forward=hybrid.none_past_caches, **how)
+
+
 _SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits, each proven on 2 ranks by test_every_family_groups.
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -379,6 +389,30 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "mimo_v2_flash": Slicing(reindex=_mimo_v2_flash_indices),
     "mamba": _SSM,
     "mamba2": _SSM,
+    **{
+        # --- Hybrid attention + SSM / linear-attention stacks (`slicing_hybrid`). ---
+        # The forward's mask indices re-found on the slice; a kind the slice lacks gets None
+        # or an index past its caches (`none_past_caches`).
+        "lfm2": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),
+        "lfm2_moe": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),
+        "lfm2-vl": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),  # wraps lfm2
+        "jamba": _hybrid(norm="final_layernorm", reindex=hybrid.jamba_indices),
+        "kimi_linear": _hybrid(reindex=hybrid.kimi_linear_indices),
+        # These forwards accept None for a kind the slice lacks: the family's own head runs.
+        "granitemoehybrid": Slicing(
+            family_head=True,
+            embedding_scales=("embedding_multiplier",),
+            reindex=hybrid.granitemoehybrid_indices,
+        ),
+        "bailing_moe_v3": Slicing(
+            family_head=True, embedding="word_embeddings", reindex=hybrid.bailing_moe_v3_indices
+        ),
+        # Every layer holds a conv/SSM state and a KV cache together (a CacheList).
+        "falcon_h1": Slicing(family_head=True, norm="final_layernorm", caches=hybrid.falcon_h1_caches),
+        "baichuan_m1": Slicing(
+            family_head=True, reindex=hybrid.baichuan_m1_indices, caches=hybrid.baichuan_m1_caches
+        ),
+    },
 }
 
 
@@ -587,7 +621,9 @@ class _Dropped(nn.Module):
 
 def _carry(cache: list[Any] | None, sent: mx.array) -> None:
     """Make this rank's caches carry the send: a prefill step evaluates only the caches."""
-    for c in reversed(cache or []):
+    for entry in reversed(cache or []):
+        # A CacheList (Falcon-H1, Baichuan M1: a conv state and a KV cache per layer): its KV part.
+        c = entry.caches[-1] if isinstance(entry, CacheList) else entry
         if isinstance(c, ArraysCache):
             if c[0] is not None:  # an SSM state
                 c[0] = mx.depends(c[0], sent)

@@ -1,0 +1,102 @@
+"""What `SlicedStage` adjusts for the hybrid stacks: attention layers mixed with SSM (Mamba)
+or linear-attention layers (Jamba, Falcon-H1, Granite 4 hybrid, LFM2, Kimi Linear, Bailing
+V3, Baichuan M1). Their specs are in `pipeline.SLICED_MODEL_TYPES`.
+
+Each of these forwards builds one attention mask and one SSM mask from "the first cache of
+that kind", found by its index in the WHOLE model's list; on a slice the index must be
+re-found among the slice's own layers. A slice may lack one kind: families whose forward
+accepts None there get None; the others get an index one past the slice's caches, where
+`none_past_caches` puts a None (the mask is then made without a cache and never used; the
+layers take their caches in order, so never reach it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
+
+
+def _first(flags: list[bool], missing: int | None) -> int | None:
+    """The position of the first True on the slice, or `missing`."""
+    return flags.index(True) if True in flags else missing
+
+
+def none_past_caches(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """The family's own forward, with a None after this slice's caches (see the module)."""
+    caches = cache if cache is not None else [None] * len(inner.layers)
+    return inner(inputs, cache=[*caches, None])
+
+
+def reindex(
+    attention: tuple[str, Callable[[Any], bool]],
+    recurrent: tuple[str, Callable[[Any], bool]],
+    missing: str = "past",
+) -> Callable[[Any], None]:
+    """A `Slicing.reindex` that sets the inner model's attention-mask index and its SSM-mask
+    index (attribute names) to the slice's first layer of each kind. `missing`: "past" (one
+    past the caches, with `none_past_caches`) or "none" (the forward accepts None)."""
+
+    def apply(inner: Any) -> None:
+        layers = list(inner.layers)
+        absent = len(layers) if missing == "past" else None
+        for attr, is_kind in (attention, recurrent):
+            setattr(inner, attr, _first([bool(is_kind(layer)) for layer in layers], absent))
+
+    return apply
+
+
+def _is_linear(layer: Any) -> bool:
+    return bool(layer.is_linear)
+
+
+def _is_attention(layer: Any) -> bool:
+    return not layer.is_linear
+
+
+# LFM2 (and LFM2-MoE, LFM2-VL's text model): fa_idx / conv_idx, short-conv layers.
+lfm2_indices = reindex(
+    ("fa_idx", lambda layer: layer.is_attention_layer),
+    ("conv_idx", lambda layer: not layer.is_attention_layer),
+)
+jamba_indices = reindex(
+    ("attn_idx", lambda layer: layer.is_attn), ("ssm_idx", lambda layer: not layer.is_attn)
+)
+kimi_linear_indices = reindex(("attn_idx", _is_attention), ("ssm_idx", _is_linear))
+granitemoehybrid_indices = reindex(
+    ("fa_idx", lambda layer: layer.layer_type == "attention"),
+    ("ssm_idx", lambda layer: layer.layer_type == "mamba"),
+    missing="none",
+)
+bailing_moe_v3_indices = reindex(
+    ("attention_index", _is_attention), ("linear_index", _is_linear), missing="none"
+)
+
+
+def falcon_h1_caches(inner: Any) -> list[Any]:
+    # Every Falcon-H1 layer runs attention and Mamba side by side; mlx-lm's make_cache counts
+    # the whole model's layers, so this rank's are made here.
+    return [CacheList(ArraysCache(size=2), KVCache()) for _ in inner.layers]
+
+
+def baichuan_m1_indices(inner: Any) -> None:
+    """Baichuan M1's forward tells sliding-window layers by their position in the list (a set
+    of whole-model indices); each attention block knows its own kind (`is_swa`)."""
+    sliding = [bool(layer.self_attn.is_swa) for layer in inner.layers]
+    inner.swa_layers = {i for i, s in enumerate(sliding) if s}
+    inner.first_swa_idx = _first(sliding, None)
+    inner.first_global_idx = _first([not s for s in sliding], None)
+
+
+def baichuan_m1_caches(inner: Any) -> list[Any]:
+    # A conv state and a KV cache (rotating in sliding-window layers) per layer; mlx-lm's
+    # make_cache reads the kinds by whole-model index.
+    return [
+        CacheList(
+            ArraysCache(size=2),
+            RotatingKVCache(max_size=inner.sliding_window) if layer.self_attn.is_swa else KVCache(),
+        )
+        for layer in inner.layers
+    ]
