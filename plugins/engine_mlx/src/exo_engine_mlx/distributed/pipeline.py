@@ -408,7 +408,9 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
             family_head=True, embedding="word_embeddings", reindex=hybrid.bailing_moe_v3_indices
         ),
         # Every layer holds a conv/SSM state and a KV cache together (a CacheList).
-        "falcon_h1": Slicing(family_head=True, norm="final_layernorm", caches=hybrid.falcon_h1_caches),
+        "falcon_h1": Slicing(
+            family_head=True, norm="final_layernorm", caches=hybrid.falcon_h1_caches
+        ),
         "baichuan_m1": Slicing(
             family_head=True, reindex=hybrid.baichuan_m1_indices, caches=hybrid.baichuan_m1_caches
         ),

@@ -100,3 +100,52 @@ def baichuan_m1_caches(inner: Any) -> list[Any]:
         )
         for layer in inner.layers
     ]
+
+
+# -- which layers hold a cache, from config.json (for placement) ------------------------------
+# In these families only some layers hold a cache (`Slicing.caches_per_layer=False`); a
+# pipeline rank needs one, since the hidden state it sends rides on its caches
+# (`SlicedStage` refuses at load a rank whose layers hold none).
+
+
+def _nemotron_h_cache_layers(config: dict[str, Any]) -> list[bool]:
+    from mlx_lm.models.nemotron_h import ModelArgs
+
+    # Its args turn the pattern's spellings (layers_block_type, layer_types) into M E * -.
+    pattern = ModelArgs.from_dict(config).hybrid_override_pattern or []
+    return [kind in "M*" for kind in pattern]  # mamba and attention blocks
+
+
+def _nemotron_nas_cache_layers(config: dict[str, Any]) -> list[bool]:
+    # A block whose attention is a no-op has no attention module, so no cache.
+    return [
+        not (block.get("attention") or {}).get("no_op", False) for block in config["block_configs"]
+    ]
+
+
+CACHE_LAYERS: dict[str, Callable[[dict[str, Any]], list[bool]]] = {
+    "nemotron_h": _nemotron_h_cache_layers,
+    "nemotron-nas": _nemotron_nas_cache_layers,
+}
+
+
+def cacheless_rank_refusal(
+    model_type: str, config: dict[str, Any], ranges: list[tuple[int, int]]
+) -> str | None:
+    """Why a pipeline giving the ranks these layer `ranges` cannot run: a rank whose layers
+    hold no cache. None when every rank holds one, or the config does not say."""
+    which = CACHE_LAYERS.get(model_type)
+    if which is None:
+        return None
+    try:
+        holds = which(config)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None  # a config this check cannot read: the runner's own check stays
+    for rank, (start, end) in enumerate(ranges):
+        if len(holds) >= end and not any(holds[start:end]):
+            return (
+                f"{model_type}: rank {rank} would hold layers [{start}, {end}), none of which "
+                "holds a cache (in this model only some layers do), and a pipeline rank needs "
+                "one; give that rank more layers or use fewer ranks"
+            )
+    return None
