@@ -59,6 +59,9 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("gemma3", "layers", False),  # a multimodal wrapper of gemma3_text
         ("gemma3_text", "layers", False),  # sliding layers by their index in the whole model
         ("nemotron_h", "layers", False),  # caches only in mamba and attention blocks
+        ("jamba", "layers", False),  # attention + mamba: mask indices re-found on a slice
+        ("falcon_h1", "layers", False),  # attention and mamba in every layer (CacheList)
+        ("kimi_k3", "mlx-lm", True),  # pipelines itself, without mlx-lm's mixin
         ("longcat_flash", None, True),
     ],
 )

@@ -442,11 +442,11 @@ def _mixin_part(model: nn.Module) -> Any:
 def pipeline_method(model: nn.Module) -> str | None:
     """How this model splits into a pipeline: "mlx-lm" (its own `pipeline()`), "stage"
     (the engine's layer slicing) or None."""
-    if _mixin_part(model) is not None:
-        return "mlx-lm"
     from mlx_lm.utils import MODEL_REMAPPING
 
     model_type = str(getattr(model, "model_type", ""))
+    if _mixin_part(model) is not None or model_type in hybrid.OWN_PIPELINE:
+        return "mlx-lm"
     if MODEL_REMAPPING.get(model_type, model_type) in PIPELINE_MODEL_TYPES:
         return "stage"
     if MODEL_REMAPPING.get(model_type, model_type) in SLICED_MODEL_TYPES:
@@ -464,6 +464,10 @@ def split_pipeline(
     """This rank's part of `model` for a pipeline over `group`: [start, end) of its layers,
     or, where mlx-lm splits the model itself, as many layers as the placement gave this rank
     (mlx-lm orders the blocks from the last rank to the first)."""
+    own = hybrid.OWN_PIPELINE.get(str(getattr(model, "model_type", "")))
+    if own is not None:
+        own(model, group, list(counts))
+        return model
     inner = _mixin_part(model)
     if inner is not None:
         if len(counts) != group.size() or sum(counts) != len(inner.layers):

@@ -149,3 +149,37 @@ def cacheless_rank_refusal(
                 "one; give that rank more layers or use fewer ranks"
             )
     return None
+
+
+# -- Kimi K3: its own pipeline, cut for the placement's layer counts ---------------------------
+
+
+def kimi_k3_pipeline(model: Any, group: mx.distributed.Group, counts: list[int]) -> None:
+    """Kimi K3's text model pipelines itself: its forward receives the hidden state (and its
+    attention-residual blocks, a state every later layer reads) from the next rank, sends
+    them on and gathers the last hidden state on every rank. Its `pipeline()` only splits
+    evenly; this is the same cut for the placement's `counts`, in mlx-lm's order (rank 0
+    runs the last layers, as for `PipelineMixin`).
+
+    Proven on 2 ranks without attention residuals (the tiny config). With them
+    (`attn_res_block_size` 2 in the tiny config) 2 ranks hung in the sweep, tensor parallel
+    (mlx-lm's own shard()) as well as this pipeline: not solved here."""
+    inner = model.language_model.model
+    rank, size = group.rank(), group.size()
+    if len(counts) != size or sum(counts) != len(inner.layers) or min(counts) < 1:
+        raise ValueError(f"layer counts {counts} do not cover the model for the group")
+    start = sum(counts[rank + 1 :])
+    end = start + counts[rank]
+    inner.pipeline_rank, inner.pipeline_size = rank, size
+    inner.start_idx, inner.end_idx, inner.num_layers = start, end, end - start
+    inner.layers = inner.layers[:end]
+    inner.layers[:start] = [None] * start  # the layer numbers stay those of the weights
+    if inner.use_attn_res:  # the residual blocks the ranks before this one started
+        inner.in_blocks = -(-start // inner.args.attn_res_block_size)
+    inner._set_cache_indices()
+
+
+# Families whose mlx-lm model pipelines itself without mlx-lm's `PipelineMixin`.
+OWN_PIPELINE: dict[str, Callable[[Any, mx.distributed.Group, list[int]], None]] = {
+    "kimi_k3": kimi_k3_pipeline,
+}
