@@ -407,6 +407,14 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         "bailing_moe_v3": Slicing(
             family_head=True, embedding="word_embeddings", reindex=hybrid.bailing_moe_v3_indices
         ),
+        # Its own forward on the slice: positions from a global layer's cache or a cache
+        # of its own (one more than the layers: `caches_per_layer=False`).
+        "bailing_moe_linear": Slicing(
+            embedding="word_embeddings",
+            forward=hybrid.bailing_moe_linear_forward,
+            caches=hybrid.bailing_moe_linear_caches,
+            caches_per_layer=False,
+        ),
         # Every layer holds a conv/SSM state and a KV cache together (a CacheList).
         "falcon_h1": Slicing(
             family_head=True, norm="final_layernorm", caches=hybrid.falcon_h1_caches

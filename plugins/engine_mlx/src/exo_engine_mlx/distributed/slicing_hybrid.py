@@ -102,6 +102,48 @@ def baichuan_m1_caches(inner: Any) -> list[Any]:
     ]
 
 
+# -- Bailing linear (Ling 2 linear): positions for a slice without a global-attention layer -----
+
+
+def _has_global(inner: Any) -> bool:
+    return any(layer.is_global for layer in inner.layers)
+
+
+def bailing_moe_linear_caches(inner: Any) -> list[Any]:
+    """Its linear-attention (GLA) layers rotate queries and keys by the position, which the
+    whole model reads from its first global-attention layer's KV cache. A slice without one
+    gets one more KV cache after its layers' that only counts positions (one head of width
+    one: it grows by a few bytes a token, and batches, pads and trims as the others do)."""
+    caches: list[Any] = [
+        KVCache() if layer.is_global else ArraysCache(size=1) for layer in inner.layers
+    ]
+    return caches if _has_global(inner) else [*caches, KVCache()]
+
+
+def bailing_moe_linear_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """Bailing linear's forward on a slice: masks and the position offset from the slice's
+    first layer of each kind, or from its position-only cache."""
+    from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+
+    h = inner.word_embeddings(inputs)
+    n = len(inner.layers)
+    caches: list[Any] = list(cache) if cache is not None else [None] * n
+    kinds = [bool(layer.is_global) for layer in inner.layers]
+    attention = next((c for c, g in zip(caches, kinds, strict=False) if g), None)
+    linear = next((c for c, g in zip(caches, kinds, strict=False) if not g), None)
+    positions = attention if any(kinds) else (caches[n] if len(caches) > n else None)
+    offset = positions.offset if positions is not None else 0
+    if positions is not None and not any(kinds):
+        batch, length = h.shape[0], h.shape[1]
+        mark = mx.zeros((batch, 1, length, 1), dtype=h.dtype)
+        positions.update_and_fetch(mark, mark)  # counts this step's tokens
+    attention_mask = create_attention_mask(h, attention)
+    linear_mask = create_ssm_mask(h, linear)
+    for layer, c, is_global in zip(inner.layers, caches[:n], kinds, strict=True):
+        h = layer(h, attention_mask if is_global else linear_mask, c, offset=offset)
+    return inner.norm(h)
+
+
 # -- which layers hold a cache, from config.json (for placement) ------------------------------
 # In these families only some layers hold a cache (`Slicing.caches_per_layer=False`); a
 # pipeline rank needs one, since the hidden state it sends rides on its caches
