@@ -203,9 +203,8 @@ def kimi_k3_pipeline(model: Any, group: mx.distributed.Group, counts: list[int])
     evenly; this is the same cut for the placement's `counts`, in mlx-lm's order (rank 0
     runs the last layers, as for `PipelineMixin`).
 
-    Proven on 2 ranks without attention residuals (the tiny config). With them
-    (`attn_res_block_size` 2 in the tiny config) 2 ranks hung in the sweep, tensor parallel
-    (mlx-lm's own shard()) as well as this pipeline: not solved here."""
+    The tiny config has attention residuals on (blocks of 2 layers), so the sweep's 1 + 3
+    split passes a block on."""
     inner = model.language_model.model
     rank, size = group.rank(), group.size()
     if len(counts) != size or sum(counts) != len(inner.layers) or min(counts) < 1:
