@@ -269,14 +269,6 @@ class Slicing:
     # a later rank receives an already scaled hidden state, so they are 1 there.
     embedding_scales: tuple[str, ...] = ()
     hidden_size: str = "hidden_size"  # the args entry of the hidden width (OpenELM: model_dim)
-    forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
-    caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
-    caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
-    head: Callable[[Any, mx.array], mx.array] | None = None  # (text model, last hidden) -> logits
-    # The last rank runs the family's own model call (on its slice, the received hidden state
-    # standing in for the embedding), so the head is the family's own: a logit scale or soft
-    # cap included, which greedy tokens alone would not show.
-    family_head: bool = False
     vocab_size: str = "vocab_size"  # the args entry of the vocabulary size (Phixtral: num_vocab)
     # A learned position embedding the inner forward adds to the token embedding (GPT-2's
     # wpe): only the first rank adds it, at positions from its first cache's offset.
@@ -288,6 +280,14 @@ class Slicing:
     # (AFM 7's kv_reuse_layers): the slice continues into it, and the split points are
     # moved so the last rank holds that layer and the whole list (`kv_reuse_counts`).
     reuse_layers: str | None = None
+    forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
+    caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
+    caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
+    head: Callable[[Any, mx.array], mx.array] | None = None  # (text model, last hidden) -> logits
+    # The last rank runs the family's own model call (on its slice, the received hidden state
+    # standing in for the embedding), so the head is the family's own: a logit scale or soft
+    # cap included, which greedy tokens alone would not show.
+    family_head: bool = False
 
 
 _GEMMA = Slicing(scaled_embedding=True)
@@ -655,19 +655,19 @@ class _Received(nn.Module):
         return self.head.as_linear(x)
 
 
-class _Dropped(nn.Module):
-    """A part this rank never runs (the head before the last rank): no weights kept."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return x
-
-
 class _NoPositions(nn.Module):
     """A learned position embedding on a rank after the first: the received hidden state
     already has the positions added, so this adds nothing (a Python 0 keeps its dtype)."""
 
     def __call__(self, positions: mx.array) -> float:
         return 0.0
+
+
+class _Dropped(nn.Module):
+    """A part this rank never runs (the head before the last rank): no weights kept."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return x
 
 
 def _carry(cache: list[Any] | None, sent: mx.array) -> None:
