@@ -39,7 +39,6 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
 from exo_engine_mlx.distributed import slicing_hybrid as hybrid
-
 from exo_engine_mlx.distributed import slicing_windows as windows
 from exo_engine_mlx.distributed.slicing_windows import kv_reuse_counts
 
