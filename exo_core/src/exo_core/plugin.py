@@ -59,9 +59,9 @@ from exo_core.commands import (
     ReportEvents,
 )
 from exo_core.config import NodeConfig, cache_dir
-from exo_core.durable import replace_durably
 from exo_core.context import Job, NodeContext
 from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
+from exo_core.durable import replace_durably
 from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec, StatusReporter
 from exo_core.events import (
     DownloadDeleted,

@@ -14,9 +14,10 @@ same. What is left here is glue: which message becomes thinking, text or a tool 
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any
 
-from openai_harmony import HarmonyEncoding, HarmonyError, Role, StreamableParser
+from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
 
 from exo_core.plugin import (
     Chunk,
@@ -42,13 +43,27 @@ MARKERS = frozenset(
 )
 
 
-def is_harmony(tokenizer: Any) -> bool:
-    """Whether the tokenizer's vocabulary carries Harmony's markers (gpt-oss)."""
+def _reads_harmony(tokenizer: Any) -> bool:
     try:
         vocab: Any = tokenizer.get_vocab()
     except Exception:  # a tokenizer without a vocabulary view
         return False
     return speaks_harmony(vocab)
+
+
+_HARMONY: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def is_harmony(tokenizer: Any) -> bool:
+    """Whether the tokenizer's vocabulary carries Harmony's markers (gpt-oss), read once per
+    tokenizer (its vocabulary view is rebuilt on every call, ~0.1-0.3 s for 49k tokens)."""
+    try:
+        return _HARMONY[tokenizer]
+    except KeyError:
+        found = _HARMONY[tokenizer] = _reads_harmony(tokenizer)
+        return found
+    except TypeError:  # neither hashable nor weakly referable: read it each time
+        return _reads_harmony(tokenizer)
 
 
 def read_call(recipient: str, body: str) -> ToolCall | None:
@@ -94,6 +109,11 @@ class HarmonyParser(OutputParser):
             and parser.current_channel == "analysis"
             and not parser.current_recipient
         )
+
+    @property
+    def messages(self) -> list[Message]:
+        """The messages of the answer so far, as openai-harmony read them."""
+        return self._parser.messages
 
     def _encode(self, text: str) -> list[int]:
         return self._encoding.encode(text, allowed_special=MARKERS, disallowed_special=())

@@ -17,6 +17,7 @@ import gzip
 import hashlib
 import importlib.resources
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -64,7 +65,11 @@ def load_encoding(folder: Path | None = None) -> HarmonyEncoding:
     with _load_lock:
         if os.environ.get(BASE_VAR):
             return load_harmony_encoding(name)
-        os.environ[BASE_VAR] = str(vocab_dir(folder))
+        try:
+            found = vocab_dir(folder)
+        except OSError:  # an unwritable cache: a folder of this process's own
+            found = vocab_dir(Path(tempfile.mkdtemp(prefix="exo-tiktoken-")))
+        os.environ[BASE_VAR] = str(found)
         try:
             return load_harmony_encoding(name)
         finally:
