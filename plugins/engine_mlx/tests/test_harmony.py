@@ -98,6 +98,12 @@ def test_text_outside_the_format_is_shown_as_the_model_wrote_it() -> None:
         ["<|channel|>final<|message|>Hi.", "<|end|>then prose"],
     )
     assert joined(out, TextChunk) == "Hi.then prose"
+    # A message started without ending the last one: its header is never content.
+    out = feed(
+        HarmonyParser(False, "<|start|>assistant"),
+        ["<|channel|>analysis<|message|>Hmm.<|start|>assistant<|channel|>final<|message|>Hi."],
+    )
+    assert joined(out, ThinkingChunk) == "Hmm." and joined(out, TextChunk) == "Hi."
 
 
 WEATHER = ToolSpec(name="get_weather", description="The weather in a city",

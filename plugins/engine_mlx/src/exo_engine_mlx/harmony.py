@@ -29,18 +29,30 @@ from exo_core.plugin import (
     ToolCallChunk,
     ToolCallParseError,
     speaks_harmony,
-    split_held,
     tool_call,
 )
 from exo_engine_mlx.harmony_encoding import harmony_encoding
 
-START, MESSAGE = "<|start|>", "<|message|>"
-MESSAGE_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+START, MESSAGE, END = "<|start|>", "<|message|>", "<|end|>"
+MESSAGE_ENDS = (END, "<|call|>", "<|return|>")
 # The markers a model writes; text is encoded with these (and no other) special tokens, so the
 # encoder skips its check over all ~1,100 reserved ones (~20 µs a chunk instead of ~400).
 MARKERS = frozenset(
     (START, "<|channel|>", MESSAGE, *MESSAGE_ENDS, "<|constrain|>", "<|endoftext|>")
 )
+_LONGEST = max(map(len, MARKERS))
+
+
+def marker_start(text: str) -> int:
+    """Where a marker that may be split across chunks begins at the end of `text` (its length
+    when none does): that part is held back until the next chunk."""
+    at = text.find("<", max(0, len(text) - _LONGEST + 1))
+    while at >= 0:
+        tail = text[at:]
+        if any(m.startswith(tail) and m != tail for m in MARKERS):
+            return at
+        at = text.find("<", at + 1)
+    return len(text)
 
 
 def _reads_harmony(tokenizer: Any) -> bool:
@@ -85,7 +97,7 @@ class HarmonyParser(OutputParser):
     ) -> None:
         self._encoding = encoding or harmony_encoding()
         self._tools = tools
-        self._ids = {m: self._encode(m)[0] for m in (MESSAGE, *MESSAGE_ENDS)}
+        self._ids = {m: self._encode(m)[0] for m in (START, MESSAGE, *MESSAGE_ENDS)}
         self._ends = {self._ids[m] for m in MESSAGE_ENDS}
         self._held = ""
         self._in_content = False
@@ -142,6 +154,14 @@ class HarmonyParser(OutputParser):
         return [ToolCallChunk(task_id=task_id, call=call)]
 
     def _token(self, task_id: TaskId, token: int) -> list[Chunk]:
+        out: list[Chunk] = []
+        if token == self._ids[START] and self._in_content:
+            # A new message inside one: the model skipped `<|end|>` (the package would read
+            # the header as content); end the open message first.
+            out = self._token(task_id, self._ids[END])
+        return [*out, *self._step(task_id, token)]
+
+    def _step(self, task_id: TaskId, token: int) -> list[Chunk]:
         self._parser.process(token)
         if token in self._ends:
             return self._closed(task_id) if self._in_content else []
@@ -167,10 +187,10 @@ class HarmonyParser(OutputParser):
         return out
 
     def feed(self, chunk: TextChunk) -> list[Chunk]:
-        # Hold back what may be the start of a marker split across chunks.
         text = self._held + chunk.text
-        self._held = max((split_held(text, m)[1] for m in MARKERS), key=len)
-        return self._feed(chunk.task_id, text[: len(text) - len(self._held)])
+        cut = marker_start(text)
+        self._held = text[cut:]
+        return self._feed(chunk.task_id, text[:cut])
 
     def finish(self, task_id: str) -> list[Chunk]:
         # The stream ends at `<|call|>` or `<|return|>` (end-of-sequence tokens, not in the
