@@ -57,10 +57,9 @@ def marker_start(text: str) -> int:
 
 def _reads_harmony(tokenizer: Any) -> bool:
     try:
-        vocab: Any = tokenizer.get_vocab()
+        return speaks_harmony(tokenizer.get_vocab())
     except Exception:  # a tokenizer without a vocabulary view
         return False
-    return speaks_harmony(vocab)
 
 
 _HARMONY: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
