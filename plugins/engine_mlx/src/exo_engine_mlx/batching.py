@@ -40,8 +40,7 @@ from exo_core.plugin import (
     Usage,
 )
 from exo_engine_mlx.generation_batch import ARGMAX, install
-from exo_engine_mlx.harmony import is_harmony
-from exo_engine_mlx.harmony_encoding import harmony_encoding
+from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefill_threads import for_this_process
 from exo_engine_mlx.prefix_cache import PrefixCache

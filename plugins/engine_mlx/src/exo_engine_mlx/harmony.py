@@ -14,8 +14,6 @@ same. What is left here is glue: which message becomes thinking, text or a tool 
 from __future__ import annotations
 
 import json
-import weakref
-from typing import Any
 
 from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
 
@@ -28,7 +26,6 @@ from exo_core.plugin import (
     ToolCall,
     ToolCallChunk,
     ToolCallParseError,
-    speaks_harmony,
     tool_call,
 )
 from exo_engine_mlx.harmony_encoding import harmony_encoding
@@ -53,28 +50,6 @@ def marker_start(text: str) -> int:
             return at
         at = text.find("<", at + 1)
     return len(text)
-
-
-def _reads_harmony(tokenizer: Any) -> bool:
-    try:
-        return speaks_harmony(tokenizer.get_vocab())
-    except Exception:  # a tokenizer without a vocabulary view
-        return False
-
-
-_HARMONY: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
-
-
-def is_harmony(tokenizer: Any) -> bool:
-    """Whether the tokenizer's vocabulary carries Harmony's markers (gpt-oss), read once per
-    tokenizer (its vocabulary view is rebuilt on every call, ~0.1-0.3 s for 49k tokens)."""
-    try:
-        return _HARMONY[tokenizer]
-    except KeyError:
-        found = _HARMONY[tokenizer] = _reads_harmony(tokenizer)
-        return found
-    except TypeError:  # neither hashable nor weakly referable: read it each time
-        return _reads_harmony(tokenizer)
 
 
 def read_call(recipient: str, body: str) -> ToolCall | None:
