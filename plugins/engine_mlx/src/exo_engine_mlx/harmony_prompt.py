@@ -17,6 +17,7 @@ from openai_harmony import (
     Author,
     Conversation,
     DeveloperContent,
+    HarmonyError,
     Message,
     ReasoningEffort,
     Role,
@@ -26,6 +27,7 @@ from openai_harmony import (
 
 from exo_core.plugin import ChatMessage, GenerationParams
 from exo_engine_mlx.harmony_encoding import harmony_encoding
+from exo_engine_mlx.prompt import PromptError
 
 EFFORTS = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM,
            "high": ReasoningEffort.HIGH}  # fmt: skip
@@ -109,6 +111,9 @@ def conversation(params: GenerationParams) -> Conversation:
 
 def render_harmony(params: GenerationParams) -> str:
     """The prompt text for gpt-oss, its answer's header left open (`<|start|>assistant`)."""
-    encoding = harmony_encoding()
-    tokens = encoding.render_conversation_for_completion(conversation(params), Role.ASSISTANT)
+    encoding = harmony_encoding()  # a failure to load it is the node's, not the request's
+    try:
+        tokens = encoding.render_conversation_for_completion(conversation(params), Role.ASSISTANT)
+    except (ValueError, HarmonyError) as e:  # a shape pydantic or the renderer refuses
+        raise PromptError(f"the gpt-oss prompt renderer refused the messages: {e}") from e
     return encoding.decode(tokens)

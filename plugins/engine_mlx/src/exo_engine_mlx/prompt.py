@@ -57,7 +57,7 @@ def template_tools(params: GenerationParams) -> list[dict[str, Any]]:
 def render(tokenizer: Any, params: GenerationParams) -> str:
     if params.prompt is not None and not params.messages:
         return params.prompt
-    if is_harmony(tokenizer):  # gpt-oss: the format's own renderer (see harmony_prompt.py)
+    if is_harmony(tokenizer):  # gpt-oss: the format's own renderer
         from exo_engine_mlx.harmony_prompt import render_harmony  # openai-harmony: ~1 s import
 
         return render_harmony(params)
