@@ -152,10 +152,10 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         mx.eval([c.state for c in fresh])
 
     chosen = cpu_kernels._dequantize_pays_here  # pyright: ignore[reportPrivateUsage]
-    before = lambda rows, out, inp: rows >= 32  # noqa: E731  (the fixed threshold before)
+    never = lambda rows, out, inp: False  # noqa: E731
     for name, pays in (
-        ("kernels where the cost model says", chosen),
-        ("BLAS from 32 rows", before),
+        ("cost model (BLAS for a prompt)", chosen),
+        ("kernels for every layer", never),
     ):
         cpu_kernels._dequantize_pays_here = pays  # pyright: ignore[reportPrivateUsage]
         _line(f"prefill forward (no head), {name}", _timed(forward, 2))
