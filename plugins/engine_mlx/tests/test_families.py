@@ -15,6 +15,7 @@ from exo_core.plugin import (
     Sharding,
     runnable,
 )
+from exo_engine_mlx.distributed.unsplit import WHY_NO_PIPELINE
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import family_support, markdown_table
 from exo_engine_mlx.family_sweep import tiny_card
@@ -52,7 +53,7 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("gemma3", "layers", False),  # a multimodal wrapper of gemma3_text
         ("gemma3_text", "layers", False),  # sliding layers by their index in the whole model
         ("nemotron_h", "layers", False),  # caches only in mamba and attention blocks
-        ("longcat_flash", None, True),
+        ("iquestloopcoder", None, True),  # loops its layer stack: no one-way split
     ],
 )
 def test_support_per_family(model_type: str, pipeline: str | None, tensor: bool) -> None:
@@ -60,10 +61,18 @@ def test_support_per_family(model_type: str, pipeline: str | None, tensor: bool)
     assert support.runs and (support.pipeline, support.tensor) == (pipeline, tensor)
 
 
+@pytest.mark.parametrize("model_type", sorted(WHY_NO_PIPELINE))
+def test_a_reason_for_no_pipeline_names_a_family_that_does_not_split(model_type: str) -> None:
+    support = family_support(model_type)
+    assert support.runs and support.pipeline is None, "it splits now: drop its reason"
+    assert support.why_no_pipeline == WHY_NO_PIPELINE[model_type]
+
+
 def test_refusals_say_why() -> None:
     assert family_support("qwen3_moe").refusal("pipeline") is None
-    longcat = family_support("longcat_flash").refusal("pipeline")
-    assert longcat is not None and longcat.startswith("longcat_flash: pipeline parallel")
+    loop = family_support("iquestloopcoder").refusal("pipeline")
+    assert loop is not None and loop.startswith("iquestloopcoder: pipeline parallel")
+    assert "twice" in loop  # the reason, from WHY_NO_PIPELINE
     nxt = family_support("qwen3_next").refusal("tensor")
     assert nxt is not None and "shard()" in nxt
     unknown = family_support("no_such_model").refusal("pipeline")
@@ -73,10 +82,10 @@ def test_refusals_say_why() -> None:
 def test_the_engine_refuses_only_what_it_cannot_split() -> None:
     engine = MlxEngine()
     assert engine.sharding_refusal(tiny_card("qwen3_moe"), "pipeline", 4) is None
-    longcat = engine.sharding_refusal(tiny_card("longcat_flash"), "pipeline", 2)
-    assert longcat is not None and longcat.startswith("longcat_flash: pipeline parallel")
-    assert engine.sharding_refusal(tiny_card("longcat_flash"), "tensor", 2) is None
-    assert engine.sharding_refusal(tiny_card("longcat_flash"), "pipeline", 1) is None  # one node
+    loop = engine.sharding_refusal(tiny_card("iquestloopcoder"), "pipeline", 2)
+    assert loop is not None and loop.startswith("iquestloopcoder: pipeline parallel")
+    assert engine.sharding_refusal(tiny_card("iquestloopcoder"), "tensor", 2) is None
+    assert engine.sharding_refusal(tiny_card("iquestloopcoder"), "pipeline", 1) is None  # one node
     assert engine.sharding_refusal(tiny_card("gpt_oss"), "pipeline", 2) is None
     assert engine.sharding_refusal(tiny_card(""), "pipeline", 2) is None  # architecture unknown
 
@@ -87,16 +96,16 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
             NodeShare(node_id=NodeId(f"n{i}"), start_layer=i, end_layer=i + 1, memory_bytes=1)
             for i in range(nodes)
         )
-        return PlacementOption(model_id=ModelId("x/longcat"), sharding=sharding, shares=shares)
+        return PlacementOption(model_id=ModelId("x/loop"), sharding=sharding, shares=shares)
 
     engine = MlxEngine()
-    card = tiny_card("longcat_flash")
+    card = tiny_card("iquestloopcoder")
 
     def refusal(o: PlacementOption) -> str | None:
         return engine.sharding_refusal(card, o.sharding, len(o.shares))
 
     options = [option("pipeline", 2), option("tensor", 2), option("pipeline", 1)]
     assert runnable(options, refusal) == options[1:]
-    with pytest.raises(PlacementRefused, match="longcat_flash: pipeline parallel"):
+    with pytest.raises(PlacementRefused, match="iquestloopcoder: pipeline parallel"):
         runnable([option("pipeline", 2), option("pipeline", 3)], refusal)
     assert runnable([], refusal) == []

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
+from exo_engine_mlx.distributed.unsplit import WHY_NO_PIPELINE
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,8 @@ class FamilySupport:
     # Known not to run even on one node (mlx-lm loads it, the engine cannot serve it), so
     # placement refuses it outright; an architecture mlx-lm does not know is left to the node.
     refused_alone: bool = False
+    why_no_pipeline: str = ""  # why a layer stack it has cannot be cut, where known
+
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
@@ -41,7 +44,8 @@ class FamilySupport:
         if not self.runs:
             return f"{self.model_type}: {self.why_not}"
         if sharding == "pipeline" and self.pipeline is None:
-            return f"{self.model_type}: pipeline parallel is not supported for this architecture"
+            why = f" ({self.why_no_pipeline})" if self.why_no_pipeline else ""
+            return f"{self.model_type}: pipeline parallel is not supported for this architecture{why}"
         if sharding == "tensor" and not self.tensor:
             return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
         return None
@@ -103,7 +107,9 @@ def family_support(model_type: str) -> FamilySupport:
         for obj in vars(m).values()
     )
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
-    return FamilySupport(model_type, True, pipeline, callable(getattr(model, "shard", None)))
+    tensor = callable(getattr(model, "shard", None))
+    why = WHY_NO_PIPELINE.get(name, "") if pipeline is None else ""
+    return FamilySupport(model_type, True, pipeline, tensor, why_no_pipeline=why)
 
 
 def all_model_types() -> list[str]:
@@ -128,7 +134,8 @@ def markdown_table() -> str:
         if s.runs:
             alias = module_name(model_type)
             shown = f"`{model_type}`" + (f" (as `{alias}`)" if alias != model_type else "")
-            rows.append(f"| {shown} | {names[s.pipeline]} | {'yes' if s.tensor else 'no'} |")
+            pipeline = names[s.pipeline] + (f": {s.why_no_pipeline}" if s.why_no_pipeline else "")
+            rows.append(f"| {shown} | {pipeline} | {'yes' if s.tensor else 'no'} |")
     return "\n".join(rows) + "\n"
 
 
