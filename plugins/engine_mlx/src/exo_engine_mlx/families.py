@@ -32,8 +32,7 @@ class FamilySupport:
     # Known not to run even on one node (mlx-lm loads it, the engine cannot serve it), so
     # placement refuses it outright; an architecture mlx-lm does not know is left to the node.
     refused_alone: bool = False
-    why_no_pipeline: str = ""  # why a layer stack it has cannot be cut, where known
-
+    why_no_pipeline: str = ""  # why its layer stack cannot be cut, where known
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
@@ -45,7 +44,7 @@ class FamilySupport:
             return f"{self.model_type}: {self.why_not}"
         if sharding == "pipeline" and self.pipeline is None:
             why = f" ({self.why_no_pipeline})" if self.why_no_pipeline else ""
-            return f"{self.model_type}: pipeline parallel is not supported for this architecture{why}"
+            return f"{self.model_type}: pipeline parallel is not supported here{why}"
         if sharding == "tensor" and not self.tensor:
             return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
         return None
