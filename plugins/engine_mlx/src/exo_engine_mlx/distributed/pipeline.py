@@ -36,7 +36,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
+
+from exo_engine_mlx.distributed import slicing_state as state
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -274,6 +276,9 @@ class Slicing:
     # standing in for the embedding), so the head is the family's own: a logit scale or soft
     # cap included, which greedy tokens alone would not show.
     family_head: bool = False
+    # (text model) -> the width of what a rank hands the next, where the forward packs more
+    # than the hidden state (slicing_state: Talkie, RWKV-7, Gemma 3n/4); None: the hidden width.
+    handoff: Callable[[Any], int] | None = None
 
 
 _GEMMA = Slicing(scaled_embedding=True)
@@ -307,6 +312,14 @@ _OTHER_NAMES = {
     "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
 }
 _GENERIC = Slicing()
+_GEMMA4 = Slicing(
+    reindex=state.gemma4_reindex,
+    forward=state.gemma4_forward,
+    caches=state.gemma4_caches,
+    caches_per_layer=False,  # KV-shared layers hold none
+    head=state.gemma4_head,
+    handoff=state.gemma4_handoff,
+)
 _SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits, each proven on 2 ranks by test_every_family_groups.
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -379,6 +392,37 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "mimo_v2_flash": Slicing(reindex=_mimo_v2_flash_indices),
     "mamba": _SSM,
     "mamba2": _SSM,
+    **{
+        # families8: layers that read more than the hidden state before them (slicing_state).
+        "talkie": Slicing(
+            layers="blocks",
+            embedding="embed",
+            forward=state.talkie_forward,
+            head=state.talkie_head,
+            handoff=state.twice_the_width,
+        ),
+        "rwkv7": Slicing(
+            embedding="embeddings", forward=state.rwkv7_forward, handoff=state.twice_the_width
+        ),
+        "longcat_flash": Slicing(family_head=True),  # two attention blocks per layer
+        "longcat_flash_ngram": Slicing(
+            embedding="ngram_embeddings",
+            forward=state.longcat_ngram_forward,
+            caches=state.longcat_ngram_caches,
+            caches_per_layer=False,
+        ),
+        "gemma4": _GEMMA4,
+        "gemma4_text": _GEMMA4,
+        "gemma3n": Slicing(
+            inner="model.language_model",
+            reindex=state.gemma3n_reindex,
+            forward=state.gemma3n_forward,
+            caches=state.gemma3n_caches,
+            caches_per_layer=False,
+            head=state.gemma3n_head,
+            handoff=state.gemma3n_handoff,
+        ),
+    },
 }
 
 
@@ -585,17 +629,28 @@ class _Dropped(nn.Module):
         return x
 
 
-def _carry(cache: list[Any] | None, sent: mx.array) -> None:
+def _carry(cache: list[Any] | None, sent: mx.array) -> bool:
     """Make this rank's caches carry the send: a prefill step evaluates only the caches."""
     for c in reversed(cache or []):
-        if isinstance(c, ArraysCache):
+        if isinstance(c, CacheList):  # LongCat Flash: a layer's caches in one
+            if _carry(list(c.caches), sent):
+                return True
+        elif isinstance(c, ArraysCache):
             if c[0] is not None:  # an SSM state
                 c[0] = mx.depends(c[0], sent)
-                return
+                return True
         elif getattr(c, "keys", None) is not None:  # a KV cache, plain or rotating
             kv: Any = c
             kv.keys = mx.depends(kv.keys, sent)
-            return
+            return True
+    return False
+
+
+def _attribute(module: Any, path: str) -> Any:
+    """The attribute at a dotted `path` ("model", "model.language_model")."""
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module
 
 
 def _layer_list(inner: Any, path: str) -> tuple[Any, str]:
@@ -638,7 +693,7 @@ class SlicedStage(nn.Module):
         # A model class of mlx-lm, typed by duck (checked by the caller); a multimodal wrapper
         # (Gemma 3) keeps the text model as `language_model`.
         text: Any = getattr(model, "language_model", model)
-        inner = getattr(text, how.inner)
+        inner = _attribute(text, how.inner)
         owner, name = _layer_list(inner, how.layers)
         n_layers = len(owner[name])
         if not 0 <= start < end <= n_layers:
@@ -647,8 +702,10 @@ class SlicedStage(nn.Module):
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
         # baichuan_m1's and Youtu-LLM's models keep their args as `config`
         args = getattr(text, "args", None) or getattr(text, "config", None) or inner.args
-        self._hidden_size = int(getattr(args, how.hidden_size))
-        self._vocab_size = int(args.vocab_size)
+        self._hidden_size = (
+            how.handoff(text) if how.handoff is not None else int(getattr(args, how.hidden_size))
+        )
+        self._vocab_size = int(getattr(args, "vocab_size", None) or inner.vocab_size)  # Gemma 3n
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         layers = owner[name]
@@ -657,6 +714,7 @@ class SlicedStage(nn.Module):
                 inner[key] = value[start:end]
         owner[name] = layers[start:end]
         _cut_per_layer_args((text, inner), n_layers, start, end)
+        inner.exo_span = state.Span(start, end, n_layers)  # for forwards that ask (slicing_state)
         if how.reindex is not None:
             how.reindex(inner)
         tied = not hasattr(text, "lm_head")
@@ -694,7 +752,7 @@ class SlicedStage(nn.Module):
 
     @property
     def _inner(self) -> Any:
-        return getattr(self._text, self._slicing.inner)
+        return _attribute(self._text, self._slicing.inner)
 
     @property
     def layers(self) -> list[Any]:
