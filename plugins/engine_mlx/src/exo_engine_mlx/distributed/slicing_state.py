@@ -82,6 +82,46 @@ def check_shared_kv(sources: list[int], where: Span, family: str) -> list[int]:
     return [source - where.start for source in sources]
 
 
+def kv_sources(layer_types: list[str], n_shared: int) -> list[int]:
+    """For each layer, the layer whose keys and values it attends over: itself, or for the
+    last `n_shared` layers the last earlier layer of its kind (Gemma 3n's and Gemma 4's rule)."""
+    first_shared = len(layer_types) - n_shared
+    if n_shared <= 0 or first_shared <= 0:
+        return list(range(len(layer_types)))
+    last_of = {kind: i for i, kind in enumerate(layer_types[:first_shared])}
+    return [i if i < first_shared else last_of[k] for i, k in enumerate(layer_types)]
+
+
+def shared_kv_split_refusal(
+    module: str, config: dict[str, Any], ranges: list[tuple[int, int]]
+) -> str | None:
+    """Why a pipeline with these layer ranges per rank cannot run a Gemma 3n / Gemma 4 model
+    (`config`: its config.json) because a KV-shared layer and its source sit on different
+    ranks; None for any other family or a split that keeps them together."""
+    text: dict[str, Any] = config.get("text_config") or config
+    if module == "gemma3n":  # both entries are required in its text config
+        kinds, n_shared = text.get("layer_types"), text.get("num_kv_shared_layers")
+    elif module in ("gemma4", "gemma4_text"):
+        from mlx_lm.models.gemma4_text import ModelArgs
+
+        args = ModelArgs.from_dict(text)  # its defaults and its layer kinds from the pattern
+        kinds, n_shared = args.layer_types, args.num_kv_shared_layers
+    else:
+        return None
+    if not isinstance(kinds, list) or not isinstance(n_shared, int):
+        return None  # not a config this can read: the runner still refuses a bad split
+    sources = kv_sources([str(k) for k in kinds], n_shared)
+    for rank, (start, end) in enumerate(ranges):
+        for layer in range(start, min(end, len(sources))):
+            if sources[layer] < start:
+                return (
+                    f"{module}: rank {rank} would hold layer {layer}, which reuses the keys and "
+                    f"values of layer {sources[layer]} on an earlier rank; the rank with layer "
+                    f"{layer} must also hold layers {sources[layer]} to {layer}"
+                )
+    return None
+
+
 # Talkie
 
 
