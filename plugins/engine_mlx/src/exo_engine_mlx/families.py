@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
-from exo_engine_mlx.distributed.unsplit import WHY_NO_PIPELINE
+from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,22 @@ UNBATCHABLE: dict[str, str] = {
     "deepseek_v41": "its LayerCache",
     "llama4": "ChunkedKVCache (chunked attention)",
 }
+
+
+# Families with a layer stack the engine cannot cut, and why, read from the family's mlx-lm
+# code (model_type, mlx-lm's module name -> a phrase): the README table's pipeline cell and
+# placement's refusal say it. A family without an entry and without a tiny model that runs
+# here says why it was not tried (`tiny_unbuildable`); test_families checks every "no" says why.
+WHY_NO_PIPELINE: dict[str, str] = {}
+
+
+def _why_no_pipeline(model_type: str) -> str:
+    why = WHY_NO_PIPELINE.get(module_name(model_type))
+    if why is not None:
+        return why
+    if model_type in UNBUILDABLE:
+        return "not tried: no tiny model of it runs on this machine (tiny_unbuildable.py says why)"
+    return ""
 
 
 def module_name(model_type: str) -> str:
@@ -107,7 +123,7 @@ def family_support(model_type: str) -> FamilySupport:
     )
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
     tensor = callable(getattr(model, "shard", None))
-    why = WHY_NO_PIPELINE.get(name, "") if pipeline is None else ""
+    why = _why_no_pipeline(model_type) if pipeline is None else ""
     return FamilySupport(model_type, True, pipeline, tensor, why_no_pipeline=why)
 
 

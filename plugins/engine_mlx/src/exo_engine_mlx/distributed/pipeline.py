@@ -405,6 +405,7 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
             embedding="embeddings", forward=state.rwkv7_forward, handoff=state.twice_the_width
         ),
         "longcat_flash": Slicing(family_head=True),  # two attention blocks per layer
+        "iquestloopcoder": Slicing(forward=state.loopcoder_forward, caches_per_layer=False),
         "longcat_flash_ngram": Slicing(
             embedding="ngram_embeddings",
             forward=state.longcat_ngram_forward,
@@ -715,6 +716,7 @@ class SlicedStage(nn.Module):
         owner[name] = layers[start:end]
         _cut_per_layer_args((text, inner), n_layers, start, end)
         inner.exo_span = state.Span(start, end, n_layers)  # for forwards that ask (slicing_state)
+        inner.exo_hop = self.hop
         if how.reindex is not None:
             how.reindex(inner)
         tied = not hasattr(text, "lm_head")
@@ -769,6 +771,17 @@ class SlicedStage(nn.Module):
         shape = (inputs.shape[0], inputs.shape[1], self._hidden_size)
         template = mx.zeros(shape, dtype=_float_dtype(self.layers[0]))
         return mx.distributed.recv_like(template, self._rank - 1, group=self._group)
+
+    def hop(self, h: mx.array) -> mx.array:
+        """Hand `h` once round the ring, for a family whose forward runs its stack twice: to
+        the next rank (the last one's to the first), and return what the rank before (the
+        first one's: the last) handed on. The send is evaluated here, before the receive is
+        made: a receive has no inputs to order it by, and the first rank's receive, run
+        first, would wait for a last rank that waits for the first rank's send."""
+        dtype = _float_dtype(self.layers[0])
+        to, source = (self._rank + 1) % self._size, (self._rank - 1) % self._size
+        mx.eval(mx.distributed.send(h.astype(dtype), to, group=self._group))
+        return mx.distributed.recv_like(h.astype(dtype), source, group=self._group)
 
     def _logits(self, h: mx.array) -> mx.array:
         """The head as the family's own forward applies it."""

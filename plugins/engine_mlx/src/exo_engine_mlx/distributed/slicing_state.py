@@ -7,6 +7,7 @@ the last axis and the next rank unpacks it (`Slicing.handoff` gives the packed w
 
 * Talkie: every block adds the normalised token embedding (`e_x`);
 * RWKV-7: every layer after the first mixes in the first layer's values (`v_first`);
+* IQuest Loop Coder runs its stack twice: the state goes round the ranks twice;
 * Gemma 3n and Gemma 4 (2B/4B): every layer reads its own per-layer input, computed from the
   token ids and the scaled embedding; Gemma 3n's hidden state is also a stack of AltUp
   predictions (packed side by side).
@@ -120,6 +121,50 @@ def shared_kv_split_refusal(
                     f"{layer} must also hold layers {sources[layer]} to {layer}"
                 )
     return None
+
+
+# IQuest Loop Coder: its forward runs the whole stack twice, the second loop attending over
+# the first loop's keys and values of the same layer (held by the same rank). The hidden state
+# goes round the ring twice: after the first loop the last rank hands it back to the first
+# (`inner.exo_hop`, set by `SlicedStage`).
+
+
+def loopcoder_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    from mlx_lm.models.iquestloopcoder import _mix_attention
+
+    layers = inner.layers
+    n = len(layers)
+    caches: list[Any] = cache if cache is not None else [None] * (2 * n)
+    h = inner.embed_tokens(inputs)
+    batch, length = h.shape[:2]
+    mask = create_attention_mask(h, caches[0])
+    window_mask = create_attention_mask(h, caches[n], window_size=inner.loop_window_size)
+
+    def out(attn: Any, x: mx.array) -> mx.array:
+        return attn.o_proj(x.transpose(0, 2, 1, 3).reshape(batch, length, -1))
+
+    first_kv: list[tuple[mx.array, mx.array]] = []
+    for layer, c in zip(layers, caches[:n], strict=True):
+        attn = layer.self_attn
+        q, k, v = attn.get_qkv(layer.input_layernorm(h), c.offset if c is not None else 0)
+        if c is not None:
+            k, v = c.update_and_fetch(k, v)
+        first_kv.append((k, v))
+        h = h + out(attn, attn.attention(q, k, v, mask, cache=c))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = inner.exo_hop(h)  # round the ring: the first rank gets the last rank's state
+    for layer, gate, c, (k1, v1) in zip(
+        layers, inner.gate_projections, caches[n:], first_kv, strict=True
+    ):
+        attn = layer.self_attn
+        q, k, v = attn.get_qkv(layer.input_layernorm(h), c.offset if c is not None else 0)
+        global_part = attn.attention(q, k1, v1, mask, cache=c)
+        if c is not None:
+            k, v = c.update_and_fetch(k, v)
+        local_part = attn.attention(q, k, v, window_mask, cache=c)
+        h = h + out(attn, _mix_attention(gate(q), global_part, local_part))
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return inner.norm(h)
 
 
 # Talkie
