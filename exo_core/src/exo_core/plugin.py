@@ -195,7 +195,7 @@ from exo_core.transport.base import (
 )
 from exo_core.watchdog import Watchdog
 
-API_VERSION = "1.2"
+API_VERSION = "1.3"
 """major.minor: the minor grows when something is added, the major when something changes."""
 
 InjectedNode = NamedDependency[NodeContext]

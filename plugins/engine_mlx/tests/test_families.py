@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,15 @@ import pytest
 from exo_core.plugin import (
     ModelId,
     NodeId,
+    NodeInfo,
+    NodeResources,
     NodeShare,
     PlacementOption,
     PlacementRefused,
+    PlacementRequest,
     Sharding,
+    State,
+    place,
     runnable,
 )
 from exo_engine_mlx.engine import MlxEngine
@@ -21,6 +27,7 @@ from exo_engine_mlx.family_sweep import tiny_card
 from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 
 README = Path(__file__).parents[1] / "README.md"
+TINY_CONFIGS = Path(__file__).parents[1] / "src" / "exo_engine_mlx" / "tiny_configs"
 
 
 def test_the_readme_table_is_the_generated_one() -> None:
@@ -56,6 +63,10 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("iquestloopcoder", "layers", True),  # its stack twice: the state goes round twice
         ("gemma3n", "layers", False),  # per-layer inputs packed after the hidden state
         ("bitnet", None, False),  # not tried: no tiny bitnet runs here (Metal kernels)
+        ("jamba", "layers", False),  # attention + mamba: mask indices re-found on a slice
+        ("falcon_h1", "layers", False),  # attention and mamba in every layer (CacheList)
+        ("kimi_k3", "mlx-lm", True),  # pipelines itself, without mlx-lm's mixin
+        ("longcat_flash", "layers", True),  # two attention blocks per layer (CacheList)
     ],
 )
 def test_support_per_family(model_type: str, pipeline: str | None, tensor: bool) -> None:
@@ -114,3 +125,100 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
     with pytest.raises(PlacementRefused, match="bitnet: pipeline parallel"):
         runnable([option("pipeline", 2), option("pipeline", 3)], refusal)
     assert runnable([], refusal) == []
+
+
+def _two_nodes(free_gb: tuple[int, int]) -> State:
+    nodes = [
+        NodeInfo(
+            node_id=NodeId(f"n{i}"),
+            addresses=("127.0.0.1",),
+            resources=NodeResources(memory_available=gb * 1_000_000_000, engines=("mlx",)),
+        )
+        for i, gb in enumerate(free_gb)
+    ]
+    return State(nodes={n.node_id: n for n in nodes})
+
+
+def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_path: Path) -> None:
+    """The tiny Nemotron-H's pattern is M E * -: its last layer (an MLP) holds no cache, so a
+    rank given only that layer cannot run (the runner refuses it at load). Placement splits
+    by free memory: 3:1 gives the second rank just that layer, 1:1 gives it * -."""
+    import msgspec
+
+    from exo_engine_mlx.distributed.pipeline import PipelineUnsupported
+    from exo_engine_mlx.tiny_model import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "nemotron_h", model_type="nemotron_h", layers=4)
+    card = msgspec.structs.replace(tiny_card("nemotron_h"), source=f"local:{path}")
+    engine = MlxEngine()
+    request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
+
+    def placed(free_gb: tuple[int, int]) -> list[PlacementOption]:
+        options = place(card, request, _two_nodes(free_gb))  # the node's own path
+        return runnable(options, lambda o: engine.placement_refusal(card, o))
+
+    with pytest.raises(PlacementRefused, match=r"nemotron_h: rank 1 would hold layers \[3, 4\)"):
+        placed((3, 1))
+    even = placed((1, 1))
+    assert [(s.start_layer, s.end_layer) for s in even[0].shares] == [(0, 2), (2, 4)]
+    # The runner agrees: it refuses the split placement refused and loads the one it kept.
+    with pytest.raises(PipelineUnsupported, match="hold no cache"):
+        _slice(path, 3, 4, rank=1)
+    _slice(path, 2, 4, rank=1)
+    # A hub card's config is not read here: that split is left to the runner's own check.
+    hub = msgspec.structs.replace(card, source="hf:x/y")
+    assert engine.placement_refusal(hub, place(card, request, _two_nodes((3, 1)))[0]) is None
+
+
+def _slice(path: Path, start: int, end: int, rank: int) -> None:
+    """Cut the model as a pipeline rank's runner does (no ring needed to cut it)."""
+    from exo_engine_mlx.distributed.pipeline import split_pipeline
+    from exo_engine_mlx.loading import load_model
+
+    class _Group:  # the rank and size are all the cut reads of the group
+        def rank(self) -> int:
+            return rank
+
+        def size(self) -> int:
+            return 2
+
+    model, _ = load_model(str(path))
+    split_pipeline(model, start, end, (start, 4 - start), _Group())  # type: ignore[arg-type]
+
+
+def test_a_nemotron_nas_rank_of_no_op_attention_blocks_only_is_refused() -> None:
+    from exo_engine_mlx.distributed.slicing_hybrid import cacheless_rank_refusal
+
+    config = json.loads((TINY_CONFIGS / "nemotron-nas.json").read_text())  # layer 1: no-op
+    refusal = cacheless_rank_refusal("nemotron-nas", config, [(0, 1), (1, 2), (2, 4)])
+    assert refusal is not None and refusal.startswith("nemotron-nas: rank 1 would hold")
+    assert cacheless_rank_refusal("nemotron-nas", config, [(0, 2), (2, 4)]) is None
+    assert cacheless_rank_refusal("llama", config, [(0, 1), (1, 2), (2, 4)]) is None
+
+
+def test_placement_keeps_a_gemma_kv_shared_layer_with_the_layer_it_reads(tmp_path: Path) -> None:
+    """The tiny Gemma 3n's layers are S F S F and layer 3 reuses layer 1's keys and values:
+    a split that puts layer 3 on another rank than layer 1 cannot run. Placement splits by
+    free memory: 1:1 and 3:1 separate them, 1:3 gives the second rank layers 1 to 3."""
+    import msgspec
+
+    from exo_engine_mlx.tiny_model import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "gemma3n", model_type="gemma3n", layers=4)
+    card = msgspec.structs.replace(tiny_card("gemma3n"), source=f"local:{path}")
+    engine = MlxEngine()
+    request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
+
+    def placed(free_gb: tuple[int, int]) -> list[PlacementOption]:
+        options = place(card, request, _two_nodes(free_gb))
+        return runnable(options, lambda o: engine.placement_refusal(card, o))
+
+    for free in ((1, 1), (3, 1)):
+        with pytest.raises(PlacementRefused, match="gemma3n: rank 1 would hold layer 3"):
+            placed(free)
+    kept = placed((1, 3))
+    assert [(s.start_layer, s.end_layer) for s in kept[0].shares] == [(0, 1), (1, 4)]
+    # The runner agrees: it refuses the split placement refused and loads the one it kept.
+    with pytest.raises(ValueError, match="layer 3 reuses the keys and values of layer 1"):
+        _slice(path, 2, 4, rank=1)
+    _slice(path, 1, 4, rank=1)

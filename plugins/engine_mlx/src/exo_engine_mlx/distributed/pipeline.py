@@ -38,6 +38,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
 
+from exo_engine_mlx.distributed import slicing_hybrid as hybrid
 from exo_engine_mlx.distributed import slicing_state as state
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
@@ -320,6 +321,14 @@ _GEMMA4 = Slicing(
     head=state.gemma4_head,
     handoff=state.gemma4_handoff,
 )
+
+
+def _hybrid(**how: Any) -> Slicing:
+    # The None past the caches is added by our forward, which the family's own model call
+    # would bypass: the head is the lm_head / tied embedding (these families do not scale it).
+    return Slicing(forward=hybrid.none_past_caches, **how)
+
+
 _SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits, each proven on 2 ranks by test_every_family_groups.
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -423,6 +432,38 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
             head=state.gemma3n_head,
             handoff=state.gemma3n_handoff,
         ),
+        # --- Hybrid attention + SSM / linear-attention stacks (`slicing_hybrid`). ---
+        # The forward's mask indices re-found on the slice; a kind the slice lacks gets None
+        # or an index past its caches (`none_past_caches`).
+        "lfm2": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),
+        "lfm2_moe": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),
+        "lfm2-vl": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),  # wraps lfm2
+        "jamba": _hybrid(norm="final_layernorm", reindex=hybrid.jamba_indices),
+        "kimi_linear": _hybrid(reindex=hybrid.kimi_linear_indices),
+        # These forwards accept None for a kind the slice lacks: the family's own head runs.
+        "granitemoehybrid": Slicing(
+            family_head=True,
+            embedding_scales=("embedding_multiplier",),
+            reindex=hybrid.granitemoehybrid_indices,
+        ),
+        "bailing_moe_v3": Slicing(
+            family_head=True, embedding="word_embeddings", reindex=hybrid.bailing_moe_v3_indices
+        ),
+        # Its own forward on the slice: positions from a global layer's cache or a cache
+        # of its own (one more than the layers: `caches_per_layer=False`).
+        "bailing_moe_linear": Slicing(
+            embedding="word_embeddings",
+            forward=hybrid.bailing_moe_linear_forward,
+            caches=hybrid.bailing_moe_linear_caches,
+            caches_per_layer=False,
+        ),
+        # Every layer holds a conv/SSM state and a KV cache together (a CacheList).
+        "falcon_h1": Slicing(
+            family_head=True, norm="final_layernorm", caches=hybrid.falcon_h1_caches
+        ),
+        "baichuan_m1": Slicing(
+            family_head=True, reindex=hybrid.baichuan_m1_indices, caches=hybrid.baichuan_m1_caches
+        ),
     },
 }
 
@@ -451,11 +492,11 @@ def _mixin_part(model: nn.Module) -> Any:
 def pipeline_method(model: nn.Module) -> str | None:
     """How this model splits into a pipeline: "mlx-lm" (its own `pipeline()`), "stage"
     (the engine's layer slicing) or None."""
-    if _mixin_part(model) is not None:
-        return "mlx-lm"
     from mlx_lm.utils import MODEL_REMAPPING
 
     model_type = str(getattr(model, "model_type", ""))
+    if _mixin_part(model) is not None or model_type in hybrid.OWN_PIPELINE:
+        return "mlx-lm"
     if MODEL_REMAPPING.get(model_type, model_type) in PIPELINE_MODEL_TYPES:
         return "stage"
     if MODEL_REMAPPING.get(model_type, model_type) in SLICED_MODEL_TYPES:
@@ -473,6 +514,10 @@ def split_pipeline(
     """This rank's part of `model` for a pipeline over `group`: [start, end) of its layers,
     or, where mlx-lm splits the model itself, as many layers as the placement gave this rank
     (mlx-lm orders the blocks from the last rank to the first)."""
+    own = hybrid.OWN_PIPELINE.get(str(getattr(model, "model_type", "")))
+    if own is not None:
+        own(model, group, list(counts))
+        return model
     inner = _mixin_part(model)
     if inner is not None:
         if len(counts) != group.size() or sum(counts) != len(inner.layers):
@@ -630,21 +675,19 @@ class _Dropped(nn.Module):
         return x
 
 
-def _carry(cache: list[Any] | None, sent: mx.array) -> bool:
+def _carry(cache: list[Any] | None, sent: mx.array) -> None:
     """Make this rank's caches carry the send: a prefill step evaluates only the caches."""
-    for c in reversed(cache or []):
-        if isinstance(c, CacheList):  # LongCat Flash: a layer's caches in one
-            if _carry(list(c.caches), sent):
-                return True
-        elif isinstance(c, ArraysCache):
+    for entry in reversed(cache or []):
+        # A CacheList (Falcon-H1, Baichuan M1: a conv state and a KV cache per layer): its KV part.
+        c = entry.caches[-1] if isinstance(entry, CacheList) else entry
+        if isinstance(c, ArraysCache):
             if c[0] is not None:  # an SSM state
                 c[0] = mx.depends(c[0], sent)
-                return True
+                return
         elif getattr(c, "keys", None) is not None:  # a KV cache, plain or rotating
             kv: Any = c
             kv.keys = mx.depends(kv.keys, sent)
-            return True
-    return False
+            return
 
 
 def _attribute(module: Any, path: str) -> Any:
