@@ -40,6 +40,8 @@ from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache
 
 from exo_engine_mlx.distributed import slicing_hybrid as hybrid
 from exo_engine_mlx.distributed import slicing_state as state
+from exo_engine_mlx.distributed import slicing_windows as windows
+from exo_engine_mlx.distributed.slicing_windows import kv_reuse_counts
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -255,7 +257,7 @@ class Slicing:
     inner: str = "model"  # the text model's attribute holding the layer stack
     layers: str = "layers"  # the inner model's list of layers (Qwen 1: h; PLaMo: layers.layers)
     embedding: str = "embed_tokens"
-    norm: str = "norm"
+    norm: str | None = "norm"  # None: the inner model has no final norm (Phixtral's is in its head)
     # After the cut: re-find the mask indices the inner forward reads (None: its masks come
     # from its first cache, right for any slice).
     reindex: Callable[[Any], None] | None = None
@@ -269,6 +271,17 @@ class Slicing:
     # a later rank receives an already scaled hidden state, so they are 1 there.
     embedding_scales: tuple[str, ...] = ()
     hidden_size: str = "hidden_size"  # the args entry of the hidden width (OpenELM: model_dim)
+    vocab_size: str = "vocab_size"  # the args entry of the vocabulary size (Phixtral: num_vocab)
+    # A learned position embedding the inner forward adds to the token embedding (GPT-2's
+    # wpe): only the first rank adds it, at positions from its first cache's offset.
+    positions: str | None = None
+    # Modules of the inner model that make its head (GPT-NeoX's embed_out): dropped before
+    # the last rank, where the family's own forward (`family_head`) runs them.
+    inner_head: tuple[str, ...] = ()
+    # A list of layers after `layers` that attend over the KV cache of the last of them
+    # (AFM 7's kv_reuse_layers): the slice continues into it, and the split points are
+    # moved so the last rank holds that layer and the whole list (`kv_reuse_counts`).
+    reuse_layers: str | None = None
     forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
     caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
     caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
@@ -312,6 +325,68 @@ _OTHER_NAMES = {
     "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
     "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
 }
+# Sliding-window patterns, position embeddings, heads inside the inner model, KV reuse
+# (`slicing_windows`): each proven on 2 ranks by test_every_family_groups.
+_WINDOWS_AND_POSITIONS = {
+    "cohere2": Slicing(
+        forward=windows.cohere2_forward, caches=windows.cohere2_caches, head=windows.cohere2_head
+    ),
+    "exaone4": Slicing(family_head=True, reindex=windows.exaone4_indices),
+    "exaone_moe": Slicing(family_head=True, reindex=windows.exaone_moe_indices),
+    "laguna": Slicing(family_head=True, reindex=windows.laguna_indices),
+    # Gear scales the embedding by sqrt(width) (its embed_scale) and caps its logits softly.
+    "gear": Slicing(
+        family_head=True, reindex=windows.gear_indices, embedding_scales=("embed_scale",)
+    ),
+    "gpt2": Slicing(
+        family_head=True,
+        layers="h",
+        embedding="wte",
+        norm="ln_f",
+        hidden_size="n_embd",
+        positions="wpe",
+    ),
+    "gpt_bigcode": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="h",
+        embedding="wte",
+        norm="ln_f",
+        hidden_size="n_embd",
+        positions="wpe",
+    ),
+    "gpt_neox": Slicing(
+        family_head=True,
+        layers="h",
+        embedding="embed_in",
+        norm="final_layer_norm",
+        inner_head=("embed_out",),
+    ),
+    "lille-130m": Slicing(
+        family_head=True,
+        inner="transformer",
+        embedding="tok_embeddings",
+        hidden_size="n_embd",
+        forward=windows.lille_forward,
+    ),
+    "phixtral": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="h",
+        embedding="embd",
+        norm=None,
+        hidden_size="model_dim",
+        vocab_size="num_vocab",
+        forward=windows.phixtral_forward,
+    ),
+    "afm7": Slicing(
+        family_head=True,
+        embedding="embedding",
+        norm="output_norm",
+        hidden_size="hidden_dim",
+        reuse_layers="kv_reuse_layers",
+    ),
+}
 _GENERIC = Slicing()
 _GEMMA4 = Slicing(
     reindex=state.gemma4_reindex,
@@ -349,6 +424,7 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     ),
     **{name: _OWN for name in _OWN_FAMILIES},
     **_OTHER_NAMES,
+    **_WINDOWS_AND_POSITIONS,
     # The family's own forward unchanged on a slice (its masks come from its first cache).
     **{
         t: _GENERIC
@@ -534,7 +610,7 @@ def split_pipeline(
                 model.make_cache = lambda: [KVCache() for _ in inner.pipeline_layers]
         return model
     if pipeline_method(model) == "sliced":
-        return SlicedStage(model, start, end, group)
+        return SlicedStage(model, start, end, group, tuple(counts))
     return PipelineStage(model, start, end, group)
 
 
@@ -668,6 +744,14 @@ class _Received(nn.Module):
         return self.head.as_linear(x)
 
 
+class _NoPositions(nn.Module):
+    """A learned position embedding on a rank after the first: the received hidden state
+    already has the positions added, so this adds nothing (a Python 0 keeps its dtype)."""
+
+    def __call__(self, positions: mx.array) -> float:
+        return 0.0
+
+
 class _Dropped(nn.Module):
     """A part this rank never runs (the head before the last rank): no weights kept."""
 
@@ -728,7 +812,14 @@ class SlicedStage(nn.Module):
     """One rank's part of a family in `SLICED_MODEL_TYPES`: the family's own model, cut to
     layers [start, end), callable like the whole model."""
 
-    def __init__(self, model: nn.Module, start: int, end: int, group: mx.distributed.Group) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        start: int,
+        end: int,
+        group: mx.distributed.Group,
+        counts: tuple[int, ...] = (),
+    ) -> None:
         super().__init__()
         from mlx_lm.utils import MODEL_REMAPPING
 
@@ -739,30 +830,50 @@ class SlicedStage(nn.Module):
         text: Any = getattr(model, "language_model", model)
         inner = _attribute(text, how.inner)
         owner, name = _layer_list(inner, how.layers)
-        n_layers = len(owner[name])
+        reused: list[Any] = list(inner[how.reuse_layers]) if how.reuse_layers else []
+        n_regular = len(owner[name])
+        n_layers = n_regular + len(reused)
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
+        if how.reuse_layers and len(counts) == group.size() and sum(counts) == n_layers:
+            try:
+                moved = kv_reuse_counts(counts, n_regular)
+            except ValueError as e:
+                raise PipelineUnsupported(f"{model_type}: {e}") from e
+            start = sum(moved[: self._rank])
+            end = start + moved[self._rank]
+        # With reuse layers, a rank holds either regular layers before the source (the last
+        # regular one) or the source and everything after it.
+        holds_source = start <= n_regular - 1 and end == n_layers
+        if reused and not holds_source and end > n_regular - 1:
+            raise PipelineUnsupported(
+                f"{model_type}: layers [{start}, {end}) part its KV-reuse layers from the "
+                f"cache of layer {n_regular - 1} they read"
+            )
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
         # baichuan_m1's and Youtu-LLM's models keep their args as `config`
         args = getattr(text, "args", None) or getattr(text, "config", None) or inner.args
         self._hidden_size = (
             how.handoff(text) if how.handoff is not None else int(getattr(args, how.hidden_size))
         )
-        self._vocab_size = int(getattr(args, "vocab_size", None) or inner.vocab_size)  # Gemma 3n
+        # Gemma 3n's args (the wrapper's) have no vocabulary size; its inner model has.
+        self._vocab_size = int(getattr(args, how.vocab_size, None) or inner.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         layers = owner[name]
         for key, value in list(inner.items()):
             if isinstance(value, list) and len(value) == n_layers and value is not layers:
                 inner[key] = value[start:end]
-        owner[name] = layers[start:end]
+        owner[name] = layers[start : min(end, n_regular)]
+        if how.reuse_layers:
+            inner[how.reuse_layers] = reused[max(start - n_regular, 0) : max(end - n_regular, 0)]
         _cut_per_layer_args((text, inner), n_layers, start, end)
         inner.exo_span = state.Span(start, end, n_layers)  # for forwards that ask (slicing_state)
         inner.exo_hop = self.hop
         if how.reindex is not None:
             how.reindex(inner)
-        tied = not hasattr(text, "lm_head")
+        tied = not hasattr(text, "lm_head") and not how.inner_head
         if not self.first:
             head = getattr(inner, how.embedding) if self.last and tied else None
             setattr(inner, how.embedding, _Received(self.receive, head))
@@ -773,8 +884,13 @@ class SlicedStage(nn.Module):
             if how.embedding_scale is not None:
                 inner.args = copy(inner.args)
                 setattr(inner.args, how.embedding_scale, 1.0)
+            if how.positions is not None:
+                setattr(inner, how.positions, _NoPositions())
         if not self.last:
-            setattr(inner, how.norm, _Dropped())
+            if how.norm is not None:
+                setattr(inner, how.norm, _Dropped())
+            for attr in how.inner_head:
+                setattr(inner, attr, _Dropped())
             if not tied:
                 text.lm_head = _Dropped()
         self.model = model
