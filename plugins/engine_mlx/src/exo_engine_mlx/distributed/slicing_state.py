@@ -77,8 +77,8 @@ def check_shared_kv(sources: list[int], where: Span, family: str) -> list[int]:
         if source < where.start:
             raise ValueError(
                 f"{family}: layer {where.start + i} reuses the keys and values of layer "
-                f"{source}, which this split puts on an earlier rank; give the last rank "
-                f"layers {source} onwards"
+                f"{source}, which this split puts on an earlier rank; the rank with layer "
+                f"{where.start + i} must also hold layers {source} to {where.start + i}"
             )
     return [source - where.start for source in sources]
 
