@@ -14,8 +14,9 @@ the last axis and the next rank unpacks it (`Slicing.handoff` gives the packed w
 
 Gemma 3n and Gemma 4 also share keys and values: the last layers reuse the cache of the last
 earlier layer of their kind. That cannot travel (it is the whole context), so a split must
-keep such a layer on the rank of the layer whose cache it reads (`check_shared_kv` refuses
-other splits at load, with the layers named).
+keep such a layer on the rank of the layer whose cache it reads: placement refuses other
+splits (`shared_kv_split_refusal`, from a local model's config.json), and so does the runner at
+load (`check_shared_kv`), with the layers named.
 
 Each forward here is the family's own forward (mlx-lm 0.32) on a slice of its layers: the
 first rank computes what the family's forward computes before its first layer, the last rank
