@@ -74,19 +74,29 @@ struct Settings {
   bool rope_traditional_ = false;
   float rope_base_ = 0.0f;
   float rope_scale_ = 1.0f;
+  // Parts shaped (B, n / head_dim, 1, head_dim) instead of (B, 1, n): the same memory when
+  // x is (B, 1, K), so a step's q/k/v need no unflatten + transpose ops.
+  bool heads_out_ = false;
 
   bool operator==(const Settings& o) const {
     return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_ &&
         prologue_ == o.prologue_ && eps_ == o.eps_ && residual_ == o.residual_ &&
         ends_ == o.ends_ && rope_dims_ == o.rope_dims_ && head_dim_ == o.head_dim_ &&
         rope_traditional_ == o.rope_traditional_ && rope_base_ == o.rope_base_ &&
-        rope_scale_ == o.rope_scale_;
+        rope_scale_ == o.rope_scale_ && heads_out_ == o.heads_out_;
   }
 
   void rope(float* y, int64_t M, int64_t N, const mx::array& offset) const;
 
   void compute(const std::vector<mx::array>& in, std::vector<mx::array>& out) const;
 };
+
+mx::Shape part_shape(const mx::Shape& x_shape, int columns, const Settings& s) {
+  if (s.heads_out_) return {x_shape[0], columns / s.head_dim_, 1, s.head_dim_};
+  mx::Shape shape = x_shape;
+  shape.back() = columns;
+  return shape;
+}
 
 class FusedLinearCPU : public mx::Primitive {
  public:
@@ -124,9 +134,7 @@ class FusedLinearCPU : public mx::Primitive {
     std::vector<mx::Shape> shapes;
     int start = 0;
     for (int end : s_.ends_) {
-      mx::Shape shape = inputs[0].shape();
-      shape.back() = end - start;
-      shapes.push_back(shape);
+      shapes.push_back(part_shape(inputs[0].shape(), end - start, s_));
       start = end;
     }
     return shapes;
@@ -242,7 +250,8 @@ std::vector<mx::array> fused_linear(
     bool rope_traditional,
     float rope_base,
     float rope_scale,
-    const std::optional<mx::array>& rope_offset) {
+    const std::optional<mx::array>& rope_offset,
+    bool heads_out) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("bits must be 4 or 8");
   if (group_size != 32 && group_size != 64 && group_size != 128)
     throw std::invalid_argument("group_size must be 32, 64 or 128");
@@ -300,32 +309,37 @@ std::vector<mx::array> fused_linear(
       throw std::invalid_argument("rope_offset must hold one offset, or one per row");
     inputs.push_back(mx::astype(*rope_offset, mx::int32, stream));
   }
+  if (heads_out) {
+    bool whole_heads = head_dim > 0 && x.ndim() == 3 && x.shape(1) == 1 && !residual;
+    for (size_t i = 0; whole_heads && i < ends.size(); ++i)
+      whole_heads = (ends[i] - (i ? ends[i - 1] : 0)) % head_dim == 0;
+    if (!whole_heads)
+      throw std::invalid_argument("heads_out needs x of shape (B, 1, K) and parts of whole heads");
+  }
+  const Settings settings{
+      group_size,
+      bits,
+      int8_activations,
+      kind,
+      eps,
+      residual.has_value(),
+      ends,
+      rope_dims,
+      head_dim,
+      rope_traditional,
+      rope_base,
+      rope_scale,
+      heads_out};
   std::vector<mx::Shape> shapes;
   int start = 0;
   for (int end : ends) {
-    mx::Shape shape = x.shape();
-    shape.back() = end - start;
-    shapes.push_back(shape);
+    shapes.push_back(part_shape(x.shape(), end - start, settings));
     start = end;
   }
   return mx::array::make_arrays(
       std::move(shapes),
       std::vector<mx::Dtype>(ends.size(), mx::float32),
-      std::make_shared<FusedLinearCPU>(
-          stream,
-          Settings{
-              group_size,
-              bits,
-              int8_activations,
-              kind,
-              eps,
-              residual.has_value(),
-              ends,
-              rope_dims,
-              head_dim,
-              rope_traditional,
-              rope_base,
-              rope_scale}),
+      std::make_shared<FusedLinearCPU>(stream, settings),
       inputs);
 }
 
@@ -353,6 +367,7 @@ void register_fused_block(nb::module_& m) {
       nb::arg("rope_base") = 10000.0f,
       nb::arg("rope_scale") = 1.0f,
       nb::arg("rope_offset") = nb::none(),
+      nb::arg("heads_out") = false,
       "[residual +] prologue(x) @ dequantize(w).T as float32, split at `ends` (output "
       "columns): one primitive for a decode step's norm/activation, matmul and residual add.");
 }

@@ -68,9 +68,12 @@ def test_swiglu_prologue_matches_mlx() -> None:
     _close(got, want)
 
 
+@pytest.mark.parametrize("heads_out", [False, True])
 @pytest.mark.parametrize("traditional", [True, False])
 @pytest.mark.parametrize("dims", [64, 32])  # 32: only part of each 64-wide head rotates
-def test_rope_of_q_and_k_matches_mx_fast_rope(traditional: bool, dims: int) -> None:
+def test_rope_of_q_and_k_matches_mx_fast_rope(
+    traditional: bool, dims: int, heads_out: bool
+) -> None:
     heads, kv_heads, head_dim = 4, 2, 64
     n_q, n_kv = heads * head_dim, kv_heads * head_dim
     wq, scales, biases = _layer(n_q + 2 * n_kv, 128)
@@ -91,18 +94,27 @@ def test_rope_of_q_and_k_matches_mx_fast_rope(traditional: bool, dims: int) -> N
         [n_q, n_q + n_kv, n_q + 2 * n_kv],
         rope=rope,
         rope_offset=offset,
+        heads_out=heads_out,
     )
 
-    def rotated(part: mx.array, n_heads: int) -> mx.array:
-        by_head = part.reshape(1, 1, n_heads, head_dim).transpose(0, 2, 1, 3)
-        out = mx.fast.rope(
-            by_head, dims, traditional=traditional, base=10000.0, scale=1.0, offset=offset
-        )
-        return out.transpose(0, 2, 1, 3).reshape(1, 1, -1)
+    def by_head(part: mx.array, n_heads: int) -> mx.array:
+        return part.reshape(1, 1, n_heads, head_dim).transpose(0, 2, 1, 3)
 
+    def rotated(part: mx.array, n_heads: int) -> mx.array:
+        out = mx.fast.rope(
+            by_head(part, n_heads),
+            dims,
+            traditional=traditional,
+            base=1e4,
+            scale=1.0,
+            offset=offset,
+        )
+        return out if heads_out else out.transpose(0, 2, 1, 3).reshape(1, 1, -1)
+
+    assert got[0].shape == ((1, heads, 1, head_dim) if heads_out else (1, 1, n_q))
     _close(got[0], rotated(q, heads))
     _close(got[1], rotated(k, kv_heads))
-    assert np.array_equal(np.array(got[2]), np.array(v))
+    assert np.array_equal(np.array(got[2]), np.array(by_head(v, kv_heads) if heads_out else v))
 
 
 @pytest.mark.parametrize(
@@ -114,6 +126,7 @@ def test_rope_of_q_and_k_matches_mx_fast_rope(traditional: bool, dims: int) -> N
         ({"ends": [50, 40, 96]}, "ends"),
         ({"residual": mx.zeros((1, 95))}, "residual"),
         ({"rope": (64, 64, False, 1e4, 1.0)}, "rope"),
+        ({"heads_out": True}, "heads_out"),
         (
             {"rope": (64, 32, False, 1e4, 1.0), "ends": [32, 64, 96], "rope_offset": mx.array(1)},
             "rope",

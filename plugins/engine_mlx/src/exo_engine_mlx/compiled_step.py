@@ -115,9 +115,9 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
     def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
         if fused.qkv is not None and one_row(x):
             norm = layer.input_layernorm
-            if rotary:
+            if rotary:  # q, k, v come as (B, heads, 1, D)
                 q, k, v = fused.qkv.with_row_work(x, norm=norm, rope=(rope, head_dim, offset))
-                return split_heads(q, k, v)  # type: ignore[return-value]
+                return q, k, v
             q, k, v = split_heads(*fused.qkv.with_row_work(x, norm=norm))
         else:
             q, k, v = split_heads(*projections(layer.input_layernorm(x)))
@@ -138,9 +138,9 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
         return fused.down.with_row_work(gate_up, swiglu=True, residual=h)[0]
 
     def after_attention(x: mx.array, attended: mx.array) -> mx.array:
+        if one_row(x):  # (B, heads, 1, D) -> (B, 1, heads * D): the same order when L = 1
+            return block_rest(x, attended.reshape(x.shape[0], 1, -1))
         attended = mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1)
-        if one_row(x):
-            return block_rest(x, attended)
         h = x + attn.o_proj(attended)
         return h + feed_forward(layer.post_attention_layernorm(h))
 

@@ -211,7 +211,8 @@ class FusedLinear:
         RMSNorm of x before (`norm`), or SwiGLU of x's [gate, up] halves (`swiglu`); a
         residual added after (one part, or `split=False`: the whole output as one array).
         `rope` = (the layer's nn.RoPE, head dim, offset array): rotate the first two parts (q,
-        k) in the same primitive. Equal to the separate ops up to float32 rounding of the
+        k) in the same primitive, each part shaped (B, heads, 1, head dim) for the attention
+        (x must then be (B, 1, K)). Equal to the separate ops up to float32 rounding of the
         norm, the activation and the rotary's sin/cos."""
         rotary = None
         if rope is not None:
@@ -233,6 +234,7 @@ class FusedLinear:
             residual=residual,
             rope=rotary,
             rope_offset=None if rope is None else rope[2],
+            heads_out=rope is not None,
         )
 
 

@@ -105,6 +105,7 @@ def fused_linear(
     residual: Any = None,
     rope: tuple[int, int, bool, float, float] | None = None,
     rope_offset: Any = None,
+    heads_out: bool = False,
 ) -> list[Any]:
     """[residual +] prologue(x) @ dequantize(w, scales, biases).T in float32, as one MLX
     primitive, split along the output columns at `ends` (the last is w's row count).
@@ -114,7 +115,9 @@ def fused_linear(
     the prologue matches MLX's ops up to float32 rounding (the sum's order, exp's last bit).
     `residual` (one part only) is added to the product. `rope` = (dims, head_dim, traditional,
     base, scale): mx.fast.rope of the first two parts (q, k) by head at position `rope_offset`
-    (an int array: one offset, or one per row), up to float32 rounding of sin/cos."""
+    (an int array: one offset, or one per row), up to float32 rounding of sin/cos.
+    `heads_out` (x of shape (B, 1, K), `rope`'s head_dim): each part comes shaped
+    (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op)."""
     dims, head_dim, traditional, base, scale = rope or (0, 0, False, 10000.0, 1.0)
     if _ext is None:
         raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
@@ -138,6 +141,7 @@ def fused_linear(
             base,
             scale,
             rope_offset,
+            heads_out,
         )
     )
 
