@@ -20,6 +20,7 @@ from functools import cache
 
 from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
 from exo_engine_mlx.distributed.slicing_hybrid import OWN_PIPELINE
+from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class FamilySupport:
     # Known not to run even on one node (mlx-lm loads it, the engine cannot serve it), so
     # placement refuses it outright; an architecture mlx-lm does not know is left to the node.
     refused_alone: bool = False
+    why_no_pipeline: str = ""  # why its layer stack cannot be cut, where known
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
@@ -42,7 +44,8 @@ class FamilySupport:
         if not self.runs:
             return f"{self.model_type}: {self.why_not}"
         if sharding == "pipeline" and self.pipeline is None:
-            return f"{self.model_type}: pipeline parallel is not supported for this architecture"
+            why = f" ({self.why_no_pipeline})" if self.why_no_pipeline else ""
+            return f"{self.model_type}: pipeline parallel is not supported here{why}"
         if sharding == "tensor" and not self.tensor:
             return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
         return None
@@ -56,6 +59,22 @@ UNBATCHABLE: dict[str, str] = {
     "deepseek_v41": "its LayerCache",
     "llama4": "ChunkedKVCache (chunked attention)",
 }
+
+
+# Families with a layer stack the engine cannot cut, and why, read from the family's mlx-lm
+# code (model_type, mlx-lm's module name -> a phrase): the README table's pipeline cell and
+# placement's refusal say it. A family without an entry and without a tiny model that runs
+# here says why it was not tried (`tiny_unbuildable`); test_families checks every "no" says why.
+WHY_NO_PIPELINE: dict[str, str] = {}
+
+
+def _why_no_pipeline(model_type: str) -> str:
+    why = WHY_NO_PIPELINE.get(module_name(model_type))
+    if why is not None:
+        return why
+    if model_type in UNBUILDABLE:
+        return "not tried: no tiny model of it runs on this machine (tiny_unbuildable.py says why)"
+    return ""
 
 
 def module_name(model_type: str) -> str:
@@ -104,7 +123,9 @@ def family_support(model_type: str) -> FamilySupport:
         for obj in vars(m).values()
     )
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
-    return FamilySupport(model_type, True, pipeline, callable(getattr(model, "shard", None)))
+    tensor = callable(getattr(model, "shard", None))
+    why = _why_no_pipeline(model_type) if pipeline is None else ""
+    return FamilySupport(model_type, True, pipeline, tensor, why_no_pipeline=why)
 
 
 def all_model_types() -> list[str]:
@@ -129,7 +150,8 @@ def markdown_table() -> str:
         if s.runs:
             alias = module_name(model_type)
             shown = f"`{model_type}`" + (f" (as `{alias}`)" if alias != model_type else "")
-            rows.append(f"| {shown} | {names[s.pipeline]} | {'yes' if s.tensor else 'no'} |")
+            pipeline = names[s.pipeline] + (f": {s.why_no_pipeline}" if s.why_no_pipeline else "")
+            rows.append(f"| {shown} | {pipeline} | {'yes' if s.tensor else 'no'} |")
     return "\n".join(rows) + "\n"
 
 
