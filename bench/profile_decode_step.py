@@ -9,7 +9,9 @@ times:
     time and in CPU time of the whole process (all its threads: on a loaded machine the CPU
     time shows the work, the wall time also the waiting for a core);
   * the same step's matmuls alone: every linear layer and the output head, each timed on its
-    own with the step's input shape;
+    own with the step's input shape (an eval each: on a quiet machine this mostly measures
+    the per-eval hand-off to MLX's stream thread, see "one eval of a + a");
+  * the primitives in one step's graph (what MLX dispatches per token, load-independent);
 and prints the split. Medians over `--steps`; never asserts on time.
 """
 
@@ -44,6 +46,16 @@ def _median_wall_cpu_ms(fn, steps: int) -> tuple[float, float]:  # type: ignore[
     return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
 
+def _primitives(out: object) -> int:
+    """Primitives in the graph that computes `out` (MLX's dot export: one box each)."""
+    import mlx.core as mx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "step.dot"
+        mx.export_to_dot(str(path), out)
+        return path.read_text().count("shape=rectangle")
+
+
 def profile(steps: int) -> None:
     import mlx.core as mx
     import mlx.nn as nn
@@ -64,6 +76,9 @@ def profile(steps: int) -> None:
         return model(token, cache=cache)
 
     whole, whole_cpu = _median_wall_cpu_ms(step, steps)
+    primitives = _primitives(step())
+    tiny = mx.ones((576,))
+    tiny_eval_ms = _median_ms(lambda: tiny + tiny, steps * 10)
     x = mx.random.normal((1, 1, 576))
     layers = [m for _, m in model.named_modules() if isinstance(m, nn.Linear | nn.QuantizedLinear)]
     linear_ms = 0.0
@@ -76,20 +91,27 @@ def profile(steps: int) -> None:
     head_ms = _median_ms(lambda: embed.as_linear(x), steps)
     kind = type(layers[0]).__name__
     import exo_mlx_cpu_kernels as kernels
-    from exo_engine_mlx.compiled_step import CompiledTransformerBlock, fused_projections
+    from exo_engine_mlx.compiled_step import (
+        CompiledTransformerBlock,
+        folds_row_work,
+        fused_projections,
+    )
 
     blocks = [m for _, m in model.named_modules() if isinstance(m, CompiledTransformerBlock)]
     fused = [f for b in blocks for f in fused_projections(b)]
     calls = len(layers) + 1 - sum(len(f.parts) - 1 for f in fused)
     print(f"layers: {len(layers)} x {kind}; kernel threads: {kernels.num_threads()}; ", end="")
     print(f"compiled blocks: {len(blocks)}; matmul calls a step: {calls} ", end="")
-    print(f"({len(fused)} fused q/k/v or gate/up)")
+    print(f"({len(fused)} fused q/k/v or gate/up); ", end="")
+    folded = sum(folds_row_work(b) for b in blocks)
+    print(f"blocks folding norms/rope/SwiGLU/residuals: {folded}; primitives a step: {primitives}")
     print(f"{'whole one-token step':34}{whole:>9.1f} ms   (CPU time, all threads: ", end="")
     print(f"{whole_cpu:.1f} ms)")
     print(f"{'linear layers (sum, alone)':34}{linear_ms:>9.1f} ms  {linear_ms / whole:>5.0%}")
     print(f"{'output head (tied embedding)':34}{head_ms:>9.1f} ms  {head_ms / whole:>5.0%}")
     rest = whole - linear_ms - head_ms
     print(f"{'rest: attention, norms, per-op':34}{rest:>9.1f} ms  {rest / whole:>5.0%}")
+    print(f"{'one eval of a + a (576 floats)':34}{tiny_eval_ms * 1e3:>9.1f} us")
 
 
 def main() -> None:
@@ -102,11 +124,15 @@ def main() -> None:
     from exo_engine_mlx.blas import runner_env
 
     print(f"load average {os.getloadavg()[0]:.1f}")
-    modes = [("auto", "auto"), ("auto", "off"), ("off", "auto")]
-    for kernels_mode, compile_mode in modes:
+    # (kernels, compiled step, fold the row-wise work into the kernel calls)
+    modes = [("auto", "auto", "auto"), ("auto", "auto", "off"), ("auto", "off", "auto")]
+    modes.append(("off", "auto", "auto"))
+    for kernels_mode, compile_mode, fold_mode in modes:
         env = {**runner_env(), CHILD: "1", "EXO_CPU_KERNELS": kernels_mode}
         env["EXO_COMPILE_STEP"] = compile_mode
-        print(f"\n== EXO_CPU_KERNELS={kernels_mode} EXO_COMPILE_STEP={compile_mode}", flush=True)
+        env["EXO_FUSE_ROW_WORK"] = fold_mode
+        print(f"\n== EXO_CPU_KERNELS={kernels_mode} EXO_COMPILE_STEP={compile_mode} ", end="")
+        print(f"EXO_FUSE_ROW_WORK={fold_mode}", flush=True)
         subprocess.run([sys.executable, __file__, "--steps", str(args.steps)], env=env, check=True)
 
 

@@ -29,7 +29,9 @@ from exo_engine_mlx.compiled_step import (
     CompiledTransformerBlock,
     compile_decode_step,
     compile_requested,
+    folds_row_work,
     fused_projections,
+    row_work_requested,
 )
 from exo_engine_mlx.cpu_kernels import use_kernels
 from exo_engine_mlx.tiny_model import make_tiny_model
@@ -64,10 +66,12 @@ def greedy_steps(model: nn.Module, prompt: list[int], steps: int) -> list[mx.arr
     return out
 
 
-def batch_texts(model: nn.Module, tokenizer: Any, max_tokens: int) -> list[str]:
-    engine = BatchEngine(model, tokenizer, max_concurrent=len(PROMPTS))
-    out: dict[str, str] = {str(i): "" for i in range(len(PROMPTS))}
-    for i, prompt in enumerate(PROMPTS):
+def batch_texts(
+    model: nn.Module, tokenizer: Any, max_tokens: int, prompts: list[str] = PROMPTS
+) -> list[str]:
+    engine = BatchEngine(model, tokenizer, max_concurrent=len(prompts))
+    out: dict[str, str] = {str(i): "" for i in range(len(prompts))}
+    for i, prompt in enumerate(prompts):
         params = GenerationParams(
             messages=(ChatMessage(role="user", content=prompt),),
             max_tokens=max_tokens,
@@ -98,6 +102,9 @@ def test_one_token_steps_match_uncompiled(tiny_dir: Path, weights: str) -> None:
     # On the kernels q/k/v and gate/up run as one call each (bit for bit the same outputs).
     fused = [len(fused_projections(b)) for b in model.model.layers]
     assert fused == ([2, 2, 2] if weights == "kernels" else [0, 0, 0])
+    # On the kernels a one-row step also folds norms, rotary, SwiGLU and residuals into them.
+    folded = [folds_row_work(b) for b in model.model.layers]
+    assert folded == [weights == "kernels"] * 3
     prompt = tokenizer.encode("the quick brown fox")
     compiled = greedy_steps(model, prompt, 6)
     with uncompiled(model):
@@ -110,6 +117,10 @@ def test_one_token_steps_match_uncompiled(tiny_dir: Path, weights: str) -> None:
     with uncompiled(model):
         assert batch_texts(model, tokenizer, 12) == together
     assert all(together)
+    # One stream through the runner's batch cache (an array offset): the one-row graph.
+    alone = batch_texts(model, tokenizer, 12, PROMPTS[1:2])
+    with uncompiled(model):
+        assert batch_texts(model, tokenizer, 12, PROMPTS[1:2]) == alone
 
 
 def test_tensor_sharded_blocks_stay_uncompiled(tiny_dir: Path) -> None:
@@ -126,6 +137,8 @@ def test_env_switch() -> None:
     assert compile_requested({"EXO_COMPILE_STEP": "auto"})
     assert not compile_requested({"EXO_COMPILE_STEP": "off"})
     assert not compile_requested({"EXO_COMPILE_STEP": " OFF "})
+    assert row_work_requested({})
+    assert not row_work_requested({"EXO_FUSE_ROW_WORK": "off"})
 
 
 @pytest.mark.smollm

@@ -27,6 +27,8 @@
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 
+#include "kernels.h"
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -914,6 +916,49 @@ void run(const Problem& p) {
   pool().run(p);
 }
 
+// One call's work on the kernel pool: the per-call sums of x (and its int8 or permuted copy),
+// then the rows of W. Runs on the stream's thread (inside a dispatched task).
+void compute(Problem p) {
+  if (p.dequantize) {
+    run(p);
+    return;
+  }
+  std::vector<float> xsum(p.M * p.G);
+  for (int64_t m = 0; m < p.M; ++m)
+    for (int64_t g = 0; g < p.G; ++g) {
+      const float* xg = p.x + m * p.K + g * p.group_size;
+      float s = 0.0f;
+      for (int i = 0; i < p.group_size; ++i) s += xg[i];
+      xsum[m * p.G + g] = s;
+    }
+  p.xsum = xsum.data();
+  std::vector<int8_t> qx;
+  std::vector<float> dx;
+  if (p.int8) {
+    qx.resize(p.M * p.K);
+    dx.resize(p.M * p.K / 32);
+    quantize_rows(p.x, p.M * p.K / 32, p.bits, qx.data(), dx.data());
+    p.qx = qx.data();
+    p.dx = dx.data();
+    p.m4 = (p.M + 3) / 4 * 4;
+    std::vector<float> dxt(p.K / 32 * p.m4, 0.0f);
+    for (int64_t m = 0; m < p.M; ++m)
+      for (int64_t b = 0; b < p.K / 32; ++b) dxt[b * p.m4 + m] = dx[m * (p.K / 32) + b];
+    p.dxt = dxt.data();
+    run(p);
+    return;
+  }
+  std::vector<float> xp;
+#ifdef EXO_X86
+  if (p.bits == 4 && has_avx2()) {
+    xp.resize(p.M * p.K);
+    permute_x(p.x, xp.data(), p.M * p.K);
+    p.xp = xp.data();
+  }
+#endif
+  run(p);
+}
+
 // ---------------------------------------------------------------- the MLX primitive
 
 class QuantizedMatmulCPU : public mx::Primitive {
@@ -955,46 +1000,7 @@ class QuantizedMatmulCPU : public mx::Primitive {
     encoder.set_input_array(scales);
     encoder.set_input_array(biases);
     encoder.set_output_array(out);
-    encoder.dispatch([p]() mutable {
-      if (p.dequantize) {
-        run(p);
-        return;
-      }
-      std::vector<float> xsum(p.M * p.G);
-      for (int64_t m = 0; m < p.M; ++m)
-        for (int64_t g = 0; g < p.G; ++g) {
-          const float* xg = p.x + m * p.K + g * p.group_size;
-          float s = 0.0f;
-          for (int i = 0; i < p.group_size; ++i) s += xg[i];
-          xsum[m * p.G + g] = s;
-        }
-      p.xsum = xsum.data();
-      std::vector<int8_t> qx;
-      std::vector<float> dx;
-      if (p.int8) {
-        qx.resize(p.M * p.K);
-        dx.resize(p.M * p.K / 32);
-        quantize_rows(p.x, p.M * p.K / 32, p.bits, qx.data(), dx.data());
-        p.qx = qx.data();
-        p.dx = dx.data();
-        p.m4 = (p.M + 3) / 4 * 4;
-        std::vector<float> dxt(p.K / 32 * p.m4, 0.0f);
-        for (int64_t m = 0; m < p.M; ++m)
-          for (int64_t b = 0; b < p.K / 32; ++b) dxt[b * p.m4 + m] = dx[m * (p.K / 32) + b];
-        p.dxt = dxt.data();
-        run(p);
-        return;
-      }
-      std::vector<float> xp;
-#ifdef EXO_X86
-      if (p.bits == 4 && has_avx2()) {
-        xp.resize(p.M * p.K);
-        permute_x(p.x, xp.data(), p.M * p.K);
-        p.xp = xp.data();
-      }
-#endif
-      run(p);
-    });
+    encoder.dispatch([p]() { compute(p); });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -1089,6 +1095,31 @@ mx::array dequantize(
 
 }  // namespace
 
+namespace exo_kernels {
+
+void matmul_rows(
+    const float* x, int64_t M, int64_t K, const uint32_t* w, const float* scales,
+    const float* biases, int64_t N, int group_size, int bits, bool int8, float* out) {
+  Problem p{};
+  p.int8 = int8;
+  p.K = K;
+  p.M = M;
+  p.N = N;
+  p.G = K / group_size;
+  p.group_size = group_size;
+  p.bits = bits;
+  p.x = x;
+  p.w = w;
+  p.scales = scales;
+  p.biases = biases;
+  p.out = out;
+  compute(p);
+}
+
+}  // namespace exo_kernels
+
+void register_fused_block(nb::module_& m);
+
 NB_MODULE(_ext, m) {
   m.doc() = "Vectorised, multi-threaded affine quantized matmul for MLX on the CPU";
   m.def(
@@ -1124,4 +1155,5 @@ NB_MODULE(_ext, m) {
       nb::arg("on"),
       "Use the portable path even where AVX2 is present (for tests).");
   m.def("simd", []() { return has_avx2() ? "avx2+fma" : "portable"; });
+  register_fused_block(m);
 }

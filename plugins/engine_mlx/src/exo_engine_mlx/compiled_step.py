@@ -9,7 +9,13 @@ rope with the offset passed as an array so that a new position is not a new grap
 after attention (output projection, residual, norm, MLP, residual). The cache update and the
 attention itself run as before. On exo's CPU kernels the projections that read the same input
 (q/k/v, gate/up) run as one kernel call each (`cpu_kernels.fuse_linears`: bit for bit the same
-outputs, 4 kernel calls a layer instead of 7).
+outputs, 4 kernel calls a layer instead of 7). A one-row step (single-stream decode) also folds
+the row-wise work into those calls (`FusedLinear.with_row_work`): the RMSNorms into the q/k/v
+and gate/up calls, the rotary embedding (plain nn.RoPE) into q/k/v's, which also hands q/k/v
+over already split by head, SwiGLU into the down projection's, the residual adds into the
+output and down projections': a SmolLM2 step is 562 primitives instead of 2512 (equal up to
+float32 rounding of the norms, the activation and sin/cos; EXO_FUSE_ROW_WORK=off keeps the
+separate ops).
 
 Only a one-token step (decode) takes this path; a prefill (many tokens) runs the layer as
 mlx-lm wrote it. Graphs are traced once per batch size (the runner's warm-up traces one row).
@@ -30,12 +36,20 @@ from mlx_lm.models import llama
 from mlx_lm.models.activations import swiglu
 
 from exo_engine_mlx.attention import decode_attention
-from exo_engine_mlx.cpu_kernels import FusedLinear, fuse_linears
+from exo_engine_mlx.cpu_kernels import FusedLinear, as_fused, fuse_linears
+
+_OFF = ("off", "0", "no", "false")
 
 
 def compile_requested(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
-    return env.get("EXO_COMPILE_STEP", "auto").strip().lower() not in ("off", "0", "no", "false")
+    return env.get("EXO_COMPILE_STEP", "auto").strip().lower() not in _OFF
+
+
+def row_work_requested(env: Mapping[str, str] | None = None) -> bool:
+    """Whether a one-row step folds norms, activation and residual adds into the kernel calls."""
+    env = os.environ if env is None else env
+    return env.get("EXO_FUSE_ROW_WORK", "auto").strip().lower() not in _OFF
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,15 @@ class _Fused:
 
     qkv: FusedLinear | None
     gate_up: FusedLinear | None
+    o_proj: FusedLinear | None = None
+    down: FusedLinear | None = None
+
+    def row_work(self, layer: llama.TransformerBlock) -> bool:
+        """Whether every projection is a kernel call and both norms are plain RMSNorms (then
+        a one-row step runs the block as 4 primitives around the attention)."""
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        calls = (self.qkv, self.gate_up, self.o_proj, self.down)
+        return all(c is not None for c in calls) and all(type(n) is nn.RMSNorm for n in norms)
 
 
 def _fuse_layer(layer: llama.TransformerBlock) -> _Fused:
@@ -60,6 +83,8 @@ def _fuse_layer(layer: llama.TransformerBlock) -> _Fused:
     return _Fused(
         fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj]),
         fuse_linears([mlp.gate_proj, mlp.up_proj]),
+        as_fused(attn.o_proj),
+        as_fused(mlp.down_proj),
     )
 
 
@@ -68,17 +93,36 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
     heads, kv_heads = int(attn.n_heads), int(attn.n_kv_heads or attn.n_heads)
     rope: Any = attn.rope  # mlx-lm's ropes take the offset as an int or an array
     fused: _Fused = getattr(layer, "_fused", None) or _Fused(None, None)
+    row_work = fused.row_work(layer) and row_work_requested()
+
+    def one_row(x: mx.array) -> bool:
+        # Norms fold exactly only on float32 rows (MLX rounds a bf16 norm before the weight).
+        return row_work and x.shape[0] == 1 and x.dtype == mx.float32
+
+    # mx.fast.rope runs as ~15 ops per call on the CPU: a plain nn.RoPE folds into q/k/v.
+    rotary = type(rope) is nn.RoPE
+    head_dim = int(attn.q_proj["weight"].shape[0]) // heads
 
     def projections(h: mx.array) -> list[mx.array]:
         if fused.qkv is not None:
             return fused.qkv(h)
         return [attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)]
 
-    def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        q, k, v = projections(layer.input_layernorm(x))
+    def split_heads(q: mx.array, k: mx.array, v: mx.array) -> tuple[mx.array, ...]:
         q = mx.unflatten(q, -1, (heads, -1)).transpose(0, 2, 1, 3)
         k = mx.unflatten(k, -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
         v = mx.unflatten(v, -1, (kv_heads, -1)).transpose(0, 2, 1, 3)
+        return q, k, v
+
+    def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+        if fused.qkv is not None and one_row(x):
+            norm = layer.input_layernorm
+            if rotary:  # q, k, v come as (B, heads, 1, D)
+                q, k, v = fused.qkv.with_row_work(x, norm=norm, rope=(rope, head_dim, offset))
+                return q, k, v
+            q, k, v = split_heads(*fused.qkv.with_row_work(x, norm=norm))
+        else:
+            q, k, v = split_heads(*projections(layer.input_layernorm(x)))
         return rope(q, offset=offset), rope(k, offset=offset), v
 
     def feed_forward(h: mx.array) -> mx.array:
@@ -87,8 +131,19 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
         gate, up = fused.gate_up(h)
         return mlp.down_proj(swiglu(gate, up))
 
+    def block_rest(x: mx.array, attended: mx.array) -> mx.array:
+        # One row: 3 primitives (o_proj + residual, norm + gate/up, SwiGLU + down + residual).
+        assert fused.o_proj and fused.gate_up and fused.down  # one_row() checked them
+        (h,) = fused.o_proj.with_row_work(attended, residual=x)
+        norm = layer.post_attention_layernorm
+        (gate_up,) = fused.gate_up.with_row_work(h, norm=norm, split=False)
+        return fused.down.with_row_work(gate_up, swiglu=True, residual=h)[0]
+
     def after_attention(x: mx.array, attended: mx.array) -> mx.array:
-        h = x + attn.o_proj(mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1))
+        if one_row(x):  # (B, heads, 1, D) -> (B, 1, heads * D): the same order when L = 1
+            return block_rest(x, attended.reshape(x.shape[0], 1, -1))
+        attended = mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1)
+        h = x + attn.o_proj(attended)
         return h + feed_forward(layer.post_attention_layernorm(h))
 
     return _Graphs(mx.compile(before_cache), mx.compile(after_attention))
@@ -137,6 +192,13 @@ def fused_projections(block: nn.Module) -> list[FusedLinear]:
     """The kernel calls that stand for several of `block`'s projections in its one-token step."""
     fused: _Fused | None = getattr(block, "_fused", None)
     return [f for f in (fused.qkv, fused.gate_up) if f is not None] if fused else []
+
+
+def folds_row_work(block: nn.Module) -> bool:
+    """Whether `block`'s one-row step runs as 4 kernel primitives (norms, rotary, activation
+    and residual adds folded in) around the attention."""
+    fused: _Fused | None = getattr(block, "_fused", None)
+    return fused is not None and fused.row_work(block) and row_work_requested()  # type: ignore[arg-type]
 
 
 def compile_decode_step(model: nn.Module) -> int:

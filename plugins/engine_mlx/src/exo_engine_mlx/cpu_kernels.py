@@ -211,16 +211,69 @@ class FusedLinear:
         )
         return list(mx.split(y, list(self.ends[:-1]), axis=-1))
 
+    def with_row_work(
+        self,
+        x: mx.array,
+        *,
+        norm: nn.RMSNorm | None = None,
+        swiglu: bool = False,
+        residual: mx.array | None = None,
+        split: bool = True,
+        rope: tuple[nn.RoPE, int, mx.array] | None = None,
+    ) -> list[mx.array]:
+        """The parts' outputs with the row-wise work around them in the same primitive: an
+        RMSNorm of x before (`norm`), or SwiGLU of x's [gate, up] halves (`swiglu`); a
+        residual added after (one part, or `split=False`: the whole output as one array).
+        `rope` = (the layer's nn.RoPE, head dim, offset array): rotate the first two parts (q,
+        k) in the same primitive, each part shaped (B, heads, 1, head dim) for the attention
+        (x must then be (B, 1, K)). Equal to the separate ops up to float32 rounding of the
+        norm, the activation and the rotary's sin/cos."""
+        rotary = None
+        if rope is not None:
+            r, head_dim, _ = rope
+            rotary = (int(r.dims), head_dim, bool(r.traditional), float(r.base), float(r.scale))
+        prologue = "rms_norm" if norm is not None else "swiglu" if swiglu else "none"
+        return kernels.fused_linear(
+            x,
+            self.weight,
+            self.scales,
+            self.biases,
+            self.group_size,
+            self.bits,
+            self.int8_activations,
+            list(self.ends) if split else [self.ends[-1]],
+            prologue=prologue,
+            norm_weight=None if norm is None else norm["weight"],
+            eps=0.0 if norm is None else float(norm.eps),
+            residual=residual,
+            rope=rotary,
+            rope_offset=None if rope is None else rope[2],
+            heads_out=rope is not None,
+        )
+
 
 def _kernel_setup(m: Any) -> tuple[int, int, bool]:
     return int(m.bits), int(m.group_size), bool(m.int8_activations)
 
 
+def _plain(m: nn.Module) -> bool:
+    return type(m) is KernelQuantizedLinear and "bias" not in m
+
+
+def as_fused(m: nn.Module) -> FusedLinear | None:
+    """A single plain kernel layer as a one-part FusedLinear (its own arrays, no copy), for
+    `with_row_work`; None for anything else."""
+    if not _plain(m):
+        return None
+    bits, group_size, int8 = _kernel_setup(m)
+    rows = int(m["weight"].shape[0])
+    return FusedLinear(m["weight"], m["scales"], m["biases"], group_size, bits, int8, (rows,), (m,))
+
+
 def fuse_linears(layers: Sequence[nn.Module]) -> FusedLinear | None:
     """One kernel call for `layers` (same input), or None where they cannot share one: not all
     plain kernel layers, a bias, or different bits / group sizes / activation modes."""
-    plain = all(type(m) is KernelQuantizedLinear and "bias" not in m for m in layers)
-    if len(layers) < 2 or not plain:
+    if len(layers) < 2 or not all(_plain(m) for m in layers):
         return None
     setups = {_kernel_setup(m) for m in layers}
     if len(setups) != 1:

@@ -89,6 +89,63 @@ def quantized_matmul(
     return _ext.quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations)
 
 
+def fused_linear(
+    x: Any,
+    w: Any,
+    scales: Any,
+    biases: Any,
+    group_size: int,
+    bits: int,
+    int8_activations: bool,
+    ends: list[int],
+    *,
+    prologue: str = "none",
+    norm_weight: Any = None,
+    eps: float = 0.0,
+    residual: Any = None,
+    rope: tuple[int, int, bool, float, float] | None = None,
+    rope_offset: Any = None,
+    heads_out: bool = False,
+) -> list[Any]:
+    """[residual +] prologue(x) @ dequantize(w, scales, biases).T in float32, as one MLX
+    primitive, split along the output columns at `ends` (the last is w's row count).
+
+    prologue: "none"; "rms_norm" (x * rsqrt(mean(x^2) + eps) * norm_weight, MLX's formula);
+    "swiglu" (x is [gate, up]: silu(gate) * up). The matmul is `quantized_matmul`'s, exactly;
+    the prologue matches MLX's ops up to float32 rounding (the sum's order, exp's last bit).
+    `residual` (one part only) is added to the product. `rope` = (dims, head_dim, traditional,
+    base, scale): mx.fast.rope of the first two parts (q, k) by head at position `rope_offset`
+    (an int array: one offset, or one per row), up to float32 rounding of sin/cos.
+    `heads_out` (x of shape (B, 1, K), `rope`'s head_dim): each part comes shaped
+    (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op)."""
+    dims, head_dim, traditional, base, scale = rope or (0, 0, False, 10000.0, 1.0)
+    if _ext is None:
+        raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
+    return list(
+        _ext.fused_linear(
+            x,
+            w,
+            scales,
+            biases,
+            group_size,
+            bits,
+            int8_activations,
+            ends,
+            prologue,
+            norm_weight,
+            eps,
+            residual,
+            dims,
+            head_dim,
+            traditional,
+            base,
+            scale,
+            rope_offset,
+            heads_out,
+        )
+    )
+
+
 def dequantize(w: Any, scales: Any, biases: Any, group_size: int, bits: int) -> Any:
     """dequantize(w, scales, biases) as float32 [N, K] (mx.dequantize, vectorised and threaded)."""
     if _ext is None:
