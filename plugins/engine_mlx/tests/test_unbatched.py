@@ -111,7 +111,9 @@ def test_two_concurrent_requests_each_answer_as_alone(loaded: tuple[Any, Any]) -
     sampled = SamplingParams(temperature=0.9, top_k=20, seed=7)
     requests = {
         "greedy": params("hello world", stop=()),
-        "sampled": params("the quick brown fox jumps", sampling=sampled, logprobs=True, top_logprobs=2),
+        "sampled": params(
+            "the quick brown fox jumps", sampling=sampled, logprobs=True, top_logprobs=2
+        ),
     }
     alone = {k: run(BatchEngine(*loaded), {k: p})[k] for k, p in requests.items()}
     together = run(BatchEngine(*loaded), requests)
@@ -133,7 +135,11 @@ def test_a_stop_string_cuts_the_text(loaded: tuple[Any, Any]) -> None:
 def test_a_cancelled_request_ends_and_the_other_goes_on(loaded: tuple[Any, Any]) -> None:
     alone = text(run(BatchEngine(*loaded), {"b": params("hello world")})["b"])
     engine = BatchEngine(*loaded)
-    out = run(engine, {"a": params("numbers like 12345", max_tokens=200), "b": params("hello world")}, cancel_after=3)
+    out = run(
+        engine,
+        {"a": params("numbers like 12345", max_tokens=200), "b": params("hello world")},
+        cancel_after=3,
+    )
     assert finish(out["a"]).finish_reason == FinishReason.CANCELLED
     assert text(out["b"]) == alone
     assert engine.active == 0

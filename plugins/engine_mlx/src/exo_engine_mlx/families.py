@@ -42,7 +42,6 @@ class FamilySupport:
         return None
 
 
-
 def module_name(model_type: str) -> str:
     """The mlx-lm module that runs `model_type` (some types are aliases: kimi_k2, mistral)."""
     from mlx_lm.utils import MODEL_REMAPPING

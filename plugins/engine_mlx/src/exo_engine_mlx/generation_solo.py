@@ -174,4 +174,3 @@ class SoloGenerator:
     def close(self) -> None:
         self._waiting.clear()
         self._decoding.clear()
-
