@@ -63,6 +63,20 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]
         yield started
 
 
+def _created(node: ExoProcess, body: dict[str, Any]) -> str:
+    """The id of a new instance. Asked again while the answer is 503 (the master could not
+    replicate the command to a majority: a new master being elected, as under heavy load)."""
+    answers: list[httpx.Response] = []
+
+    def answered() -> bool:
+        answers.append(httpx.post(f"{node.url}/instance", json=body, timeout=30))
+        return answers[-1].status_code != 503
+
+    wait_until(answered, timeout=120, interval=2)
+    assert answers[-1].status_code == 201, answers[-1].text
+    return str(answers[-1].json()["instance_id"])
+
+
 def _served(
     nodes: list[ExoProcess],
     sharding: str,
@@ -74,9 +88,7 @@ def _served(
     last node's URL; a plain POST when None)."""
     first = nodes[0]
     body = {"model_id": model, "sharding": sharding, "min_nodes": count}
-    created = httpx.post(f"{first.url}/instance", json=body, timeout=30)
-    assert created.status_code == 201, created.text
-    instance_id = created.json()["instance_id"]
+    instance_id = _created(first, body)
     try:
         assert len(first.get(f"/instance/{instance_id}")["shards"]) == count
         wait_until(lambda: runners_ready(first, instance_id), timeout=180)
