@@ -71,7 +71,9 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-unbatched-"))
     n, tokens = args.requests, args.tokens
 
-    loaded = load_model(str(make_tiny_model(root / args.model_type, model_type=args.model_type)))
+    loaded = load_model(
+        str(make_tiny_model(root / args.model_type, model_type=args.model_type, layers=4))
+    )
     _run(loaded, 1, 2, 1, False)  # warm up
     turns = _run(loaded, n, tokens, n, False)
     serial = _run(loaded, n, tokens, 1, False)
@@ -84,7 +86,7 @@ def main() -> None:
         f"worst ttft {serial['ttft_max'] / turns['ttft_max']:.2f}"
     )
 
-    llama = load_model(str(make_tiny_model(root / "llama", model_type="llama")))
+    llama = load_model(str(make_tiny_model(root / "llama", model_type="llama", layers=4)))
     _run(llama, 1, 2, 1, True)
     batched = _run(llama, n, tokens, n, True)
     solo = _run(llama, n, tokens, n, False)
