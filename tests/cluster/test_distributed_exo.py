@@ -64,17 +64,30 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]
 
 
 def _created(node: ExoProcess, body: dict[str, Any]) -> str:
-    """The id of a new instance. Asked again while the answer is 503 (the master could not
-    replicate the command to a majority: a new master being elected, as under heavy load)."""
-    answers: list[httpx.Response] = []
+    """The id of a new instance of the body's model. Under heavy load a placement can outlive
+    its answer: a 503 (the master did not replicate it in time) or a 500 (this node's replica
+    did not catch up within the API's 5 s) may still place it, so the state is asked; the
+    placement is asked again only while no instance of the model is there."""
+    model = body["model_id"]
+    placed: list[str] = []
 
-    def answered() -> bool:
-        answers.append(httpx.post(f"{node.url}/instance", json=body, timeout=30))
-        return answers[-1].status_code != 503
+    def instance_id() -> str | None:
+        instances: dict[str, Any] = node.state()["instances"]
+        return next((i for i, inst in instances.items() if inst["model_id"] == model), None)
 
-    wait_until(answered, timeout=120, interval=2)
-    assert answers[-1].status_code == 201, answers[-1].text
-    return str(answers[-1].json()["instance_id"])
+    def done() -> bool:
+        if (found := instance_id()) is not None:
+            placed.append(found)
+            return True
+        reply = httpx.post(f"{node.url}/instance", json=body, timeout=30)
+        if reply.status_code == 201:
+            placed.append(str(reply.json()["instance_id"]))
+            return True
+        assert reply.status_code in (500, 503), reply.text
+        return False
+
+    wait_until(done, timeout=180, interval=5)
+    return placed[-1]
 
 
 def _served(
