@@ -27,6 +27,7 @@ from exo_core.plugin import (
     FinishChunk,
     FinishReason,
     GenerationParams,
+    KeepAliveChunk,
     SamplingParams,
     TaskId,
     TextChunk,
@@ -153,6 +154,15 @@ def test_a_bad_sampling_value_fails_its_request_alone(loaded: tuple[Any, Any]) -
     assert isinstance(out["bad"][-1], ErrorChunk)
     assert text(out["good"]) == alone
     assert text(run(engine, {"after": params("hello world")})["after"]) == alone
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_a_step(loaded: tuple[Any, Any]) -> None:
+    prompt = "the quick brown fox jumps over the lazy dog " * 3
+    stepped = run(BatchEngine(*loaded, prefill_step_size=8), {"t": params(prompt)})["t"]
+    done = [c.prefill_processed for c in stepped if isinstance(c, KeepAliveChunk)]
+    assert len(done) >= 3 and done[0] == 8 and done == sorted(done)
+    whole = run(BatchEngine(*loaded), {"t": params(prompt)})["t"]
+    assert text(stepped) == text(whole)
 
 
 def test_no_prefix_cache_is_kept_for_these_caches(loaded: tuple[Any, Any]) -> None:

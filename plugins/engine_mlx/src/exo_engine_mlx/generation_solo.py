@@ -17,7 +17,7 @@ path, so a request's tokens are those it gets alone.
 
 Why in turn rather than one request after the other: a batch of one costs about the same per
 token either way, so the total time is the same, while in turn every request streams from its
-first step on, as with the batch generator (bench/unbatched_turns.py measures both).
+first step on, as with the batch generator (bench/bench_unbatched.py measures both).
 """
 
 from __future__ import annotations
