@@ -399,3 +399,30 @@ def test_a_runner_that_never_becomes_ready_fails_the_request_after_a_bounded_tim
             )
     assert "did not become ready within 2 s (it is loading)" in got.value.message
     assert any("did not become ready" in line for line in log)
+
+
+class _LayerPicky(ScriptedEngine):
+    """Refuses any pipeline whose first rank starts at layer 0 (every pipeline): a stand-in
+    for an engine that refuses splits by the layers each rank gets."""
+
+    name = "picky"
+
+    def placement_refusal(self, card: api.ModelCard, option: api.PlacementOption) -> str | None:
+        first = option.shares[0]
+        if option.sharding == "pipeline" and first.start_layer == 0:
+            return f"picky: rank 0 would hold layers [0, {first.end_layer})"
+        return super().placement_refusal(card, option)
+
+
+def test_placement_asks_the_engine_about_each_ranks_layers(tmp_path: Path) -> None:
+    plugin = ScriptedEnginePlugin()
+    plugin.engine = _LayerPicky()
+    with running_node(tmp_path, [plugin]) as node:
+        url = f"{node.url}/instance/previews"
+        body = httpx.get(url, params={"model_id": "scripted-echo"}).json()
+        assert [p["sharding"] for p in body["previews"]] == ["tensor"]
+        params = {"model_id": "scripted-echo", "sharding": "pipeline"}
+        refused = httpx.get(url, params=params).json()
+    assert (
+        refused["previews"] == [] and refused["refused"] == "picky: rank 0 would hold layers [0, 4)"
+    )

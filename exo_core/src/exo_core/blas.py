@@ -32,6 +32,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from exo_core.config import cache_dir
+
 # The only BLAS symbols libmlx imports (checked with `nm -D --undefined-only libmlx.so`);
 # LAPACK routines stay on the bundled reference library, they are not on the hot path.
 GEMM_SYMBOLS = ("cblas_sgemm", "cblas_dgemm", "cblas_cgemm")
@@ -174,10 +176,7 @@ def build_prefix_shim(target: str, prefix: str, names: tuple[str, ...] = GEMM_SY
 
 
 def _cache_dir(env: Mapping[str, str]) -> Path:
-    base = env.get("EXO_CACHE_DIR") or os.path.join(
-        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "exo"
-    )
-    return Path(base) / "blas"
+    return cache_dir(env) / "blas"
 
 
 def _scipy_openblas() -> Path | None:

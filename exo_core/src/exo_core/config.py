@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,16 @@ import platformdirs
 def default_data_dir() -> str:
     """`$EXO_HOME`, else the XDG data directory (`~/.local/share/exo` on Linux)."""
     return os.environ.get("EXO_HOME") or platformdirs.user_data_dir("exo", appauthor=False)
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where exo keeps files it can rebuild: `$EXO_CACHE_DIR`, else `$XDG_CACHE_HOME/exo`
+    (`~/.cache/exo`)."""
+    env = os.environ if env is None else env
+    base = env.get("EXO_CACHE_DIR") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "exo"
+    )
+    return Path(base)
 
 
 class NodeConfig(msgspec.Struct, kw_only=True):

@@ -15,6 +15,7 @@ import msgspec
 from exo_core.generation import Chunk
 from exo_core.ids import RunnerId, TaskId
 from exo_core.model_cards import ModelCard
+from exo_core.placement_types import PlacementOption
 from exo_core.state import Instance, RunnerStatus, ShardAssignment, Sharding, Task
 
 StatusReporter = Callable[[RunnerStatus, str | None], None]
@@ -86,6 +87,13 @@ class Engine(abc.ABC):
         """Why this engine cannot run `card` split `sharding`-wise over `ranks` nodes, or None
         when it can. Placement offers only what every engine that serves the card can run."""
         return None
+
+    def placement_refusal(self, card: ModelCard, option: PlacementOption) -> str | None:
+        """Why this engine cannot run `option` (its sharding, ranks and each rank's layers),
+        or None. By default only the sharding and the number of ranks count
+        (`sharding_refusal`); an engine whose split depends on the layers each rank gets
+        (a rank of a hybrid model that must hold a cache) refuses such splits here."""
+        return self.sharding_refusal(card, option.sharding, len(option.shares))
 
     @abc.abstractmethod
     def create_runner(self, spec: RunnerSpec) -> Runner:

@@ -257,11 +257,7 @@ class Node:
         """Why this node's engines for `card` cannot run `option` (they are the cluster's:
         every node runs the same plugins)."""
         engines = [e for e in self.engines if e.can_serve(card)]
-        ranks = len(option.shares)
-        return next(
-            (r for e in engines if (r := e.sharding_refusal(card, option.sharding, ranks))),
-            None,
-        )
+        return next((r for e in engines if (r := e.placement_refusal(card, option))), None)
 
     async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
         """Have the master run `command`; waits through elections up to `timeout` seconds."""

@@ -58,9 +58,10 @@ from exo_core.commands import (
     RemoveModelCard,
     ReportEvents,
 )
-from exo_core.config import NodeConfig
+from exo_core.config import NodeConfig, cache_dir
 from exo_core.context import Job, NodeContext
 from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
+from exo_core.durable import replace_durably
 from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec, StatusReporter
 from exo_core.events import (
     DownloadDeleted,
@@ -195,7 +196,7 @@ from exo_core.transport.base import (
 )
 from exo_core.watchdog import Watchdog
 
-API_VERSION = "1.2"
+API_VERSION = "1.3"
 """major.minor: the minor grows when something is added, the major when something changes."""
 
 InjectedNode = NamedDependency[NodeContext]
@@ -336,6 +337,7 @@ __all__ = [
     "blas_threads",
     "broadcast",
     "build_prefix_shim",
+    "cache_dir",
     "candidates",
     "check_model_id",
     "child_environment",
@@ -369,6 +371,7 @@ __all__ = [
     "public_message",
     "read_hermes",
     "remove_model_dir",
+    "replace_durably",
     "report_load_failure",
     "ring_addresses",
     "ring_token",

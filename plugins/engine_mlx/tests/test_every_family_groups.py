@@ -31,11 +31,23 @@ CASES = [
 ]
 
 
+def _selected(request: pytest.FixtureRequest) -> list[tuple[str, str]]:
+    """The cases this session runs (all of them, or those `-k` picks), in table order."""
+    picked = {
+        (item.callspec.params["model_type"], item.callspec.params["sharding"])
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.module is request.module
+        and hasattr(item, "callspec")
+    }
+    return [case for case in CASES if case in picked]
+
+
 @pytest.fixture(scope="module")
-def sweep(tiny_families: TinyFamilies) -> dict[str, CaseResult]:
+def sweep(request: pytest.FixtureRequest, tiny_families: TinyFamilies) -> dict[str, CaseResult]:
     cases: list[Case] = []
     failed: dict[str, CaseResult] = {}
-    for model_type, sharding in CASES:
+    for model_type, sharding in _selected(request):
         if model_type in UNBUILDABLE:
             continue
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,15 @@ import pytest
 from exo_core.plugin import (
     ModelId,
     NodeId,
+    NodeInfo,
+    NodeResources,
     NodeShare,
     PlacementOption,
     PlacementRefused,
+    PlacementRequest,
     Sharding,
+    State,
+    place,
     runnable,
 )
 from exo_engine_mlx.engine import MlxEngine
@@ -20,6 +26,7 @@ from exo_engine_mlx.families import family_support, markdown_table
 from exo_engine_mlx.family_sweep import tiny_card
 
 README = Path(__file__).parents[1] / "README.md"
+TINY_CONFIGS = Path(__file__).parents[1] / "src" / "exo_engine_mlx" / "tiny_configs"
 
 
 def test_the_readme_table_is_the_generated_one() -> None:
@@ -52,6 +59,9 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("gemma3", "layers", False),  # a multimodal wrapper of gemma3_text
         ("gemma3_text", "layers", False),  # sliding layers by their index in the whole model
         ("nemotron_h", "layers", False),  # caches only in mamba and attention blocks
+        ("jamba", "layers", False),  # attention + mamba: mask indices re-found on a slice
+        ("falcon_h1", "layers", False),  # attention and mamba in every layer (CacheList)
+        ("kimi_k3", "mlx-lm", True),  # pipelines itself, without mlx-lm's mixin
         ("longcat_flash", None, True),
     ],
 )
@@ -100,3 +110,72 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
     with pytest.raises(PlacementRefused, match="longcat_flash: pipeline parallel"):
         runnable([option("pipeline", 2), option("pipeline", 3)], refusal)
     assert runnable([], refusal) == []
+
+
+def _two_nodes(free_gb: tuple[int, int]) -> State:
+    nodes = [
+        NodeInfo(
+            node_id=NodeId(f"n{i}"),
+            addresses=("127.0.0.1",),
+            resources=NodeResources(memory_available=gb * 1_000_000_000, engines=("mlx",)),
+        )
+        for i, gb in enumerate(free_gb)
+    ]
+    return State(nodes={n.node_id: n for n in nodes})
+
+
+def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_path: Path) -> None:
+    """The tiny Nemotron-H's pattern is M E * -: its last layer (an MLP) holds no cache, so a
+    rank given only that layer cannot run (the runner refuses it at load). Placement splits
+    by free memory: 3:1 gives the second rank just that layer, 1:1 gives it * -."""
+    import msgspec
+
+    from exo_engine_mlx.distributed.pipeline import PipelineUnsupported
+    from exo_engine_mlx.tiny_model import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "nemotron_h", model_type="nemotron_h", layers=4)
+    card = msgspec.structs.replace(tiny_card("nemotron_h"), source=f"local:{path}")
+    engine = MlxEngine()
+    request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
+
+    def placed(free_gb: tuple[int, int]) -> list[PlacementOption]:
+        options = place(card, request, _two_nodes(free_gb))  # the node's own path
+        return runnable(options, lambda o: engine.placement_refusal(card, o))
+
+    with pytest.raises(PlacementRefused, match=r"nemotron_h: rank 1 would hold layers \[3, 4\)"):
+        placed((3, 1))
+    even = placed((1, 1))
+    assert [(s.start_layer, s.end_layer) for s in even[0].shares] == [(0, 2), (2, 4)]
+    # The runner agrees: it refuses the split placement refused and loads the one it kept.
+    with pytest.raises(PipelineUnsupported, match="hold no cache"):
+        _slice(path, 3, 4, rank=1)
+    _slice(path, 2, 4, rank=1)
+    # A hub card's config is not read here: that split is left to the runner's own check.
+    hub = msgspec.structs.replace(card, source="hf:x/y")
+    assert engine.placement_refusal(hub, place(card, request, _two_nodes((3, 1)))[0]) is None
+
+
+def _slice(path: Path, start: int, end: int, rank: int) -> None:
+    """Cut the model as a pipeline rank's runner does (no ring needed to cut it)."""
+    from exo_engine_mlx.distributed.pipeline import split_pipeline
+    from exo_engine_mlx.loading import load_model
+
+    class _Group:  # the rank and size are all the cut reads of the group
+        def rank(self) -> int:
+            return rank
+
+        def size(self) -> int:
+            return 2
+
+    model, _ = load_model(str(path))
+    split_pipeline(model, start, end, (start, 4 - start), _Group())  # type: ignore[arg-type]
+
+
+def test_a_nemotron_nas_rank_of_no_op_attention_blocks_only_is_refused() -> None:
+    from exo_engine_mlx.distributed.slicing_hybrid import cacheless_rank_refusal
+
+    config = json.loads((TINY_CONFIGS / "nemotron-nas.json").read_text())  # layer 1: no-op
+    refusal = cacheless_rank_refusal("nemotron-nas", config, [(0, 1), (1, 2), (2, 4)])
+    assert refusal is not None and refusal.startswith("nemotron-nas: rank 1 would hold")
+    assert cacheless_rank_refusal("nemotron-nas", config, [(0, 2), (2, 4)]) is None
+    assert cacheless_rank_refusal("llama", config, [(0, 1), (1, 2), (2, 4)]) is None

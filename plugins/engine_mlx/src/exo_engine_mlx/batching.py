@@ -45,6 +45,7 @@ from exo_core.plugin import (
 )
 from exo_engine_mlx.generation_batch import ARGMAX, install
 from exo_engine_mlx.generation_solo import SoloGenerator, batchable
+from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefill_threads import for_this_process
 from exo_engine_mlx.prefix_cache import PrefixCache
@@ -192,6 +193,8 @@ class BatchEngine:
         self.default_max_tokens = default_max_tokens
         self.context_length = context_length
         self._eos = {int(t) for t in tokenizer.eos_token_ids}
+        if is_harmony(tokenizer):  # gpt-oss: openai-harmony's encoding takes ~1 s to load,
+            harmony_encoding()  # better now than in the first request's time to first token
         self._prefill_step = prefill_step_size
         # `recurrent`: prefill prompts one at a time (None: the model says). The ranks of a
         # group must agree, so they pass the group's answer: a pipeline rank's slice may hold

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import anyio
 
@@ -12,6 +14,7 @@ from exo_core.plugin import (
     Engine,
     ModelCard,
     ModelTask,
+    PlacementOption,
     Runner,
     RunnerSpec,
     Sharding,
@@ -68,6 +71,21 @@ class MlxEngine(Engine):
 
         return family_support(card.model_type).refusal(sharding, ranks)
 
+    def placement_refusal(self, card: ModelCard, option: PlacementOption) -> str | None:
+        refusal = self.sharding_refusal(card, option.sharding, len(option.shares))
+        if refusal is not None or option.sharding != "pipeline" or len(option.shares) < 2:
+            return refusal
+        # Which layers a rank gets matters where only some layers hold a cache (Nemotron-H):
+        # the model's config.json says which, when this node has it.
+        config = _local_config(card)
+        if config is None:
+            return None
+        from exo_engine_mlx.distributed.slicing_hybrid import cacheless_rank_refusal
+        from exo_engine_mlx.families import module_name
+
+        ranges = [(s.start_layer, s.end_layer) for s in option.shares]
+        return cacheless_rank_refusal(module_name(card.model_type), config, ranges)
+
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         if card.source.startswith(LOCAL_SCHEME):
             return Path(card.source.removeprefix(LOCAL_SCHEME))
@@ -83,3 +101,17 @@ class MlxEngine(Engine):
         if spec.shard.world_size > 1:
             env[RING_TOKEN_ENV] = ring_token(self.ring_secret, spec.instance.instance_id)
         return MlxRunner(spec, options_from_env(os.environ), env)
+
+
+def _local_config(card: ModelCard) -> dict[str, Any] | None:
+    """The config.json of a card whose weights are a local directory, or None (a hub model's
+    config is not read at placement: the runner still refuses a split it cannot run)."""
+    if not card.model_type or not card.source.startswith(LOCAL_SCHEME):
+        return None
+    try:
+        config = json.loads(
+            (Path(card.source.removeprefix(LOCAL_SCHEME)) / "config.json").read_text()
+        )
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) else None

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
+from exo_engine_mlx.distributed.slicing_hybrid import OWN_PIPELINE
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def family_support(model_type: str) -> FamilySupport:
             for obj in vars(module).values()
             if inspect.ismodule(obj) and obj.__name__.startswith("mlx_lm.models.")
         }
-    mixin = any(
+    mixin = name in OWN_PIPELINE or any(
         inspect.isclass(obj) and issubclass(obj, PipelineMixin) and obj is not PipelineMixin
         for m in modules
         for obj in vars(m).values()

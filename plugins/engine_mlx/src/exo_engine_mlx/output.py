@@ -25,7 +25,7 @@ from exo_core.plugin import (
     ToolCallParseError,
     tool_call,
 )
-from exo_engine_mlx.harmony import HarmonyParser, is_harmony
+from exo_engine_mlx.harmony_encoding import is_harmony
 from exo_engine_mlx.prompt import template_tools
 from exo_engine_mlx.tool_formats import ToolFormat, find_format
 
@@ -100,6 +100,8 @@ def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> Outp
     request offered tools, so a model's literal tags are otherwise left as text)."""
     family = _family(tokenizer)
     if family.harmony:  # gpt-oss: channels carry both thinking and calls
+        from exo_engine_mlx.harmony import HarmonyParser  # openai-harmony: ~1 s import
+
         return HarmonyParser(bool(template_tools(params)), prompt)
     parsers: list[OutputParser] = []
     start = getattr(tokenizer, "think_start", None)

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from exo_core.plugin import ChatMessage, GenerationParams
+from exo_engine_mlx.harmony_encoding import is_harmony
 
 
 class PromptError(ValueError):
@@ -56,6 +57,10 @@ def template_tools(params: GenerationParams) -> list[dict[str, Any]]:
 def render(tokenizer: Any, params: GenerationParams) -> str:
     if params.prompt is not None and not params.messages:
         return params.prompt
+    if is_harmony(tokenizer):  # gpt-oss: the format's own renderer
+        from exo_engine_mlx.harmony_prompt import render_harmony  # openai-harmony: ~1 s import
+
+        return render_harmony(params)
     messages = [template_message(m) for m in params.messages]
     if getattr(tokenizer, "chat_template", None) is None:
         # No template: a plain transcript the model can continue.

@@ -22,7 +22,9 @@ CHAT_TEMPLATE = (
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # gpt-oss's Harmony format, as its documentation shows it: a system message with the reasoning
 # effort, the tools as a `functions` namespace, calls as messages `to=functions.name` ended by
-# `<|call|>`, tool results from `functions.name`; the answer's header is left open.
+# `<|call|>`, tool results from `functions.name`; the answer's header is left open. It stands in
+# for the model's own template; the engine renders gpt-oss prompts with openai-harmony instead
+# (`harmony_prompt.py`), for any vocabulary with these markers.
 HARMONY_SPECIALS = (
     "<|start|>",
     "<|channel|>",

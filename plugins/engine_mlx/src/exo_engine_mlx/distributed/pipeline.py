@@ -38,11 +38,16 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import (
     ArraysCache,
+    CacheList,
     ChunkedKVCache,
     KVCache,
     RotatingKVCache,
     make_prompt_cache,
 )
+
+from exo_engine_mlx.distributed import slicing_hybrid as hybrid
+from exo_engine_mlx.distributed import slicing_windows as windows
+from exo_engine_mlx.distributed.slicing_windows import kv_reuse_counts
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
 # lm_head or tied embeddings: the shape this stage re-implements.
@@ -291,7 +296,7 @@ class Slicing:
     inner: str = "model"  # the text model's attribute holding the layer stack
     layers: str = "layers"  # the inner model's list of layers (Qwen 1: h; PLaMo: layers.layers)
     embedding: str = "embed_tokens"
-    norm: str = "norm"
+    norm: str | None = "norm"  # None: the inner model has no final norm (Phixtral's is in its head)
     # After the cut: re-find the mask indices the inner forward reads (None: its masks come
     # from its first cache, right for any slice).
     reindex: Callable[[Any], None] | None = None
@@ -305,6 +310,17 @@ class Slicing:
     # a later rank receives an already scaled hidden state, so they are 1 there.
     embedding_scales: tuple[str, ...] = ()
     hidden_size: str = "hidden_size"  # the args entry of the hidden width (OpenELM: model_dim)
+    vocab_size: str = "vocab_size"  # the args entry of the vocabulary size (Phixtral: num_vocab)
+    # A learned position embedding the inner forward adds to the token embedding (GPT-2's
+    # wpe): only the first rank adds it, at positions from its first cache's offset.
+    positions: str | None = None
+    # Modules of the inner model that make its head (GPT-NeoX's embed_out): dropped before
+    # the last rank, where the family's own forward (`family_head`) runs them.
+    inner_head: tuple[str, ...] = ()
+    # A list of layers after `layers` that attend over the KV cache of the last of them
+    # (AFM 7's kv_reuse_layers): the slice continues into it, and the split points are
+    # moved so the last rank holds that layer and the whole list (`kv_reuse_counts`).
+    reuse_layers: str | None = None
     forward: Callable[[Any, mx.array, list[Any] | None], mx.array] | None = None
     caches: Callable[[Any], list[Any]] | None = None  # this rank's caches, from its inner model
     caches_per_layer: bool = True  # False: only some layers hold a cache (Nemotron-H)
@@ -345,7 +361,77 @@ _OTHER_NAMES = {
     "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
     "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
 }
+# Sliding-window patterns, position embeddings, heads inside the inner model, KV reuse
+# (`slicing_windows`): each proven on 2 ranks by test_every_family_groups.
+_WINDOWS_AND_POSITIONS = {
+    "cohere2": Slicing(
+        forward=windows.cohere2_forward, caches=windows.cohere2_caches, head=windows.cohere2_head
+    ),
+    "exaone4": Slicing(family_head=True, reindex=windows.exaone4_indices),
+    "exaone_moe": Slicing(family_head=True, reindex=windows.exaone_moe_indices),
+    "laguna": Slicing(family_head=True, reindex=windows.laguna_indices),
+    # Gear scales the embedding by sqrt(width) (its embed_scale) and caps its logits softly.
+    "gear": Slicing(
+        family_head=True, reindex=windows.gear_indices, embedding_scales=("embed_scale",)
+    ),
+    "gpt2": Slicing(
+        family_head=True,
+        layers="h",
+        embedding="wte",
+        norm="ln_f",
+        hidden_size="n_embd",
+        positions="wpe",
+    ),
+    "gpt_bigcode": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="h",
+        embedding="wte",
+        norm="ln_f",
+        hidden_size="n_embd",
+        positions="wpe",
+    ),
+    "gpt_neox": Slicing(
+        family_head=True,
+        layers="h",
+        embedding="embed_in",
+        norm="final_layer_norm",
+        inner_head=("embed_out",),
+    ),
+    "lille-130m": Slicing(
+        family_head=True,
+        inner="transformer",
+        embedding="tok_embeddings",
+        hidden_size="n_embd",
+        forward=windows.lille_forward,
+    ),
+    "phixtral": Slicing(
+        family_head=True,
+        inner="transformer",
+        layers="h",
+        embedding="embd",
+        norm=None,
+        hidden_size="model_dim",
+        vocab_size="num_vocab",
+        forward=windows.phixtral_forward,
+    ),
+    "afm7": Slicing(
+        family_head=True,
+        embedding="embedding",
+        norm="output_norm",
+        hidden_size="hidden_dim",
+        reuse_layers="kv_reuse_layers",
+    ),
+}
 _GENERIC = Slicing()
+
+
+def _hybrid(**how: Any) -> Slicing:
+    # The None past the caches is added by our forward, which the family's own model call
+    # would bypass: the head is the lm_head / tied embedding (these families do not scale it).
+    return Slicing(forward=hybrid.none_past_caches, **how)
+
+
 _SSM = Slicing(inner="backbone", embedding="embeddings", norm="norm_f", caches=_ssm_caches)
 # Families `SlicedStage` splits, each proven on 2 ranks by test_every_family_groups.
 SLICED_MODEL_TYPES: dict[str, Slicing] = {
@@ -366,6 +452,7 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     ),
     **{name: _OWN for name in _OWN_FAMILIES},
     **_OTHER_NAMES,
+    **_WINDOWS_AND_POSITIONS,
     # The family's own forward unchanged on a slice (its masks come from its first cache).
     **{
         t: _GENERIC
@@ -420,6 +507,40 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "mimo_v2_flash": Slicing(reindex=_mimo_v2_flash_indices),
     "mamba": _SSM,
     "mamba2": _SSM,
+    **{
+        # --- Hybrid attention + SSM / linear-attention stacks (`slicing_hybrid`). ---
+        # The forward's mask indices re-found on the slice; a kind the slice lacks gets None
+        # or an index past its caches (`none_past_caches`).
+        "lfm2": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),
+        "lfm2_moe": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),
+        "lfm2-vl": _hybrid(norm="embedding_norm", reindex=hybrid.lfm2_indices),  # wraps lfm2
+        "jamba": _hybrid(norm="final_layernorm", reindex=hybrid.jamba_indices),
+        "kimi_linear": _hybrid(reindex=hybrid.kimi_linear_indices),
+        # These forwards accept None for a kind the slice lacks: the family's own head runs.
+        "granitemoehybrid": Slicing(
+            family_head=True,
+            embedding_scales=("embedding_multiplier",),
+            reindex=hybrid.granitemoehybrid_indices,
+        ),
+        "bailing_moe_v3": Slicing(
+            family_head=True, embedding="word_embeddings", reindex=hybrid.bailing_moe_v3_indices
+        ),
+        # Its own forward on the slice: positions from a global layer's cache or a cache
+        # of its own (one more than the layers: `caches_per_layer=False`).
+        "bailing_moe_linear": Slicing(
+            embedding="word_embeddings",
+            forward=hybrid.bailing_moe_linear_forward,
+            caches=hybrid.bailing_moe_linear_caches,
+            caches_per_layer=False,
+        ),
+        # Every layer holds a conv/SSM state and a KV cache together (a CacheList).
+        "falcon_h1": Slicing(
+            family_head=True, norm="final_layernorm", caches=hybrid.falcon_h1_caches
+        ),
+        "baichuan_m1": Slicing(
+            family_head=True, reindex=hybrid.baichuan_m1_indices, caches=hybrid.baichuan_m1_caches
+        ),
+    },
 }
 
 
@@ -447,11 +568,11 @@ def _mixin_part(model: nn.Module) -> Any:
 def pipeline_method(model: nn.Module) -> str | None:
     """How this model splits into a pipeline: "mlx-lm" (its own `pipeline()`), "stage"
     (the engine's layer slicing) or None."""
-    if _mixin_part(model) is not None:
-        return "mlx-lm"
     from mlx_lm.utils import MODEL_REMAPPING
 
     model_type = str(getattr(model, "model_type", ""))
+    if _mixin_part(model) is not None or model_type in hybrid.OWN_PIPELINE:
+        return "mlx-lm"
     if MODEL_REMAPPING.get(model_type, model_type) in PIPELINE_MODEL_TYPES:
         return "stage"
     if MODEL_REMAPPING.get(model_type, model_type) in SLICED_MODEL_TYPES:
@@ -469,6 +590,10 @@ def split_pipeline(
     """This rank's part of `model` for a pipeline over `group`: [start, end) of its layers,
     or, where mlx-lm splits the model itself, as many layers as the placement gave this rank
     (mlx-lm orders the blocks from the last rank to the first)."""
+    own = hybrid.OWN_PIPELINE.get(str(getattr(model, "model_type", "")))
+    if own is not None:
+        own(model, group, list(counts))
+        return model
     inner = _mixin_part(model)
     if inner is not None:
         if len(counts) != group.size() or sum(counts) != len(inner.layers):
@@ -485,7 +610,7 @@ def split_pipeline(
                 model.make_cache = lambda: [KVCache() for _ in inner.pipeline_layers]
         return model
     if pipeline_method(model) == "sliced":
-        return SlicedStage(model, start, end, group)
+        return SlicedStage(model, start, end, group, tuple(counts))
     return PipelineStage(model, start, end, group)
 
 
@@ -619,6 +744,14 @@ class _Received(nn.Module):
         return self.head.as_linear(x)
 
 
+class _NoPositions(nn.Module):
+    """A learned position embedding on a rank after the first: the received hidden state
+    already has the positions added, so this adds nothing (a Python 0 keeps its dtype)."""
+
+    def __call__(self, positions: mx.array) -> float:
+        return 0.0
+
+
 class _Dropped(nn.Module):
     """A part this rank never runs (the head before the last rank): no weights kept."""
 
@@ -628,7 +761,9 @@ class _Dropped(nn.Module):
 
 def _carry(cache: list[Any] | None, sent: mx.array) -> None:
     """Make this rank's caches carry the send: a prefill step evaluates only the caches."""
-    for c in reversed(cache or []):
+    for entry in reversed(cache or []):
+        # A CacheList (Falcon-H1, Baichuan M1: a conv state and a KV cache per layer): its KV part.
+        c = entry.caches[-1] if isinstance(entry, CacheList) else entry
         if isinstance(c, ArraysCache):
             if c[0] is not None:  # an SSM state
                 c[0] = mx.depends(c[0], sent)
@@ -670,7 +805,14 @@ class SlicedStage(nn.Module):
     """One rank's part of a family in `SLICED_MODEL_TYPES`: the family's own model, cut to
     layers [start, end), callable like the whole model."""
 
-    def __init__(self, model: nn.Module, start: int, end: int, group: mx.distributed.Group) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        start: int,
+        end: int,
+        group: mx.distributed.Group,
+        counts: tuple[int, ...] = (),
+    ) -> None:
         super().__init__()
         from mlx_lm.utils import MODEL_REMAPPING
 
@@ -681,26 +823,45 @@ class SlicedStage(nn.Module):
         text: Any = getattr(model, "language_model", model)
         inner = getattr(text, how.inner)
         owner, name = _layer_list(inner, how.layers)
-        n_layers = len(owner[name])
+        reused: list[Any] = list(inner[how.reuse_layers]) if how.reuse_layers else []
+        n_regular = len(owner[name])
+        n_layers = n_regular + len(reused)
         if not 0 <= start < end <= n_layers:
             raise ValueError(f"layers [{start}, {end}) are not within the model's {n_layers}")
         self._rank, self._size, self._group = group.rank(), group.size(), group
+        if how.reuse_layers and len(counts) == group.size() and sum(counts) == n_layers:
+            try:
+                moved = kv_reuse_counts(counts, n_regular)
+            except ValueError as e:
+                raise PipelineUnsupported(f"{model_type}: {e}") from e
+            start = sum(moved[: self._rank])
+            end = start + moved[self._rank]
+        # With reuse layers, a rank holds either regular layers before the source (the last
+        # regular one) or the source and everything after it.
+        holds_source = start <= n_regular - 1 and end == n_layers
+        if reused and not holds_source and end > n_regular - 1:
+            raise PipelineUnsupported(
+                f"{model_type}: layers [{start}, {end}) part its KV-reuse layers from the "
+                f"cache of layer {n_regular - 1} they read"
+            )
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
         # baichuan_m1's and Youtu-LLM's models keep their args as `config`
         args = getattr(text, "args", None) or getattr(text, "config", None) or inner.args
         self._hidden_size = int(getattr(args, how.hidden_size))
-        self._vocab_size = int(args.vocab_size)
+        self._vocab_size = int(getattr(args, how.vocab_size))
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         layers = owner[name]
         for key, value in list(inner.items()):
             if isinstance(value, list) and len(value) == n_layers and value is not layers:
                 inner[key] = value[start:end]
-        owner[name] = layers[start:end]
+        owner[name] = layers[start : min(end, n_regular)]
+        if how.reuse_layers:
+            inner[how.reuse_layers] = reused[max(start - n_regular, 0) : max(end - n_regular, 0)]
         _cut_per_layer_args((text, inner), n_layers, start, end)
         if how.reindex is not None:
             how.reindex(inner)
-        tied = not hasattr(text, "lm_head")
+        tied = not hasattr(text, "lm_head") and not how.inner_head
         if not self.first:
             head = getattr(inner, how.embedding) if self.last and tied else None
             setattr(inner, how.embedding, _Received(self.receive, head))
@@ -711,8 +872,13 @@ class SlicedStage(nn.Module):
             if how.embedding_scale is not None:
                 inner.args = copy(inner.args)
                 setattr(inner.args, how.embedding_scale, 1.0)
+            if how.positions is not None:
+                setattr(inner, how.positions, _NoPositions())
         if not self.last:
-            setattr(inner, how.norm, _Dropped())
+            if how.norm is not None:
+                setattr(inner, how.norm, _Dropped())
+            for attr in how.inner_head:
+                setattr(inner, attr, _Dropped())
             if not tied:
                 text.lm_head = _Dropped()
         self.model = model
