@@ -75,16 +75,21 @@ class MlxEngine(Engine):
         refusal = self.sharding_refusal(card, option.sharding, len(option.shares))
         if refusal is not None or option.sharding != "pipeline" or len(option.shares) < 2:
             return refusal
-        # Which layers a rank gets matters where only some layers hold a cache (Nemotron-H):
-        # the model's config.json says which, when this node has it.
+        # Which layers a rank gets matters where only some layers hold a cache (Nemotron-H)
+        # or some reuse an earlier layer's keys and values (Gemma 3n / 4): the model's
+        # config.json says which, when this node has it.
         config = _local_config(card)
         if config is None:
             return None
         from exo_engine_mlx.distributed.slicing_hybrid import cacheless_rank_refusal
+        from exo_engine_mlx.distributed.slicing_state import shared_kv_split_refusal
         from exo_engine_mlx.families import module_name
 
+        module = module_name(card.model_type)
         ranges = [(s.start_layer, s.end_layer) for s in option.shares]
-        return cacheless_rank_refusal(module_name(card.model_type), config, ranges)
+        return cacheless_rank_refusal(module, config, ranges) or shared_kv_split_refusal(
+            module, config, ranges
+        )
 
     async def prepare_model(self, card: ModelCard, models_dir: Path) -> Path | None:
         if card.source.startswith(LOCAL_SCHEME):

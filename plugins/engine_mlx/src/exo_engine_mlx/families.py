@@ -20,6 +20,7 @@ from functools import cache
 
 from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
 from exo_engine_mlx.distributed.slicing_hybrid import OWN_PIPELINE
+from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class FamilySupport:
     pipeline: str | None  # "mlx-lm", "layers" or None
     tensor: bool
     why_not: str = ""  # why the architecture does not run at all
+    why_no_pipeline: str = ""  # why its layer stack cannot be cut, where known
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
@@ -37,10 +39,27 @@ class FamilySupport:
         if not self.runs:
             return f"{self.model_type}: {self.why_not}"
         if sharding == "pipeline" and self.pipeline is None:
-            return f"{self.model_type}: pipeline parallel is not supported for this architecture"
+            why = f" ({self.why_no_pipeline})" if self.why_no_pipeline else ""
+            return f"{self.model_type}: pipeline parallel is not supported here{why}"
         if sharding == "tensor" and not self.tensor:
             return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
         return None
+
+
+# Families with a layer stack the engine cannot cut, and why, read from the family's mlx-lm
+# code (model_type, mlx-lm's module name -> a phrase): the README table's pipeline cell and
+# placement's refusal say it. A family without an entry and without a tiny model that runs
+# here says why it was not tried (`tiny_unbuildable`); test_families checks every "no" says why.
+WHY_NO_PIPELINE: dict[str, str] = {}
+
+
+def _why_no_pipeline(model_type: str) -> str:
+    why = WHY_NO_PIPELINE.get(module_name(model_type))
+    if why is not None:
+        return why
+    if model_type in UNBUILDABLE:
+        return "not tried: no tiny model of it runs on this machine (tiny_unbuildable.py says why)"
+    return ""
 
 
 def module_name(model_type: str) -> str:
@@ -83,7 +102,9 @@ def family_support(model_type: str) -> FamilySupport:
         for obj in vars(m).values()
     )
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
-    return FamilySupport(model_type, True, pipeline, callable(getattr(model, "shard", None)))
+    tensor = callable(getattr(model, "shard", None))
+    why = _why_no_pipeline(model_type) if pipeline is None else ""
+    return FamilySupport(model_type, True, pipeline, tensor, why_no_pipeline=why)
 
 
 def all_model_types() -> list[str]:
@@ -108,7 +129,8 @@ def markdown_table() -> str:
         if s.runs:
             alias = module_name(model_type)
             shown = f"`{model_type}`" + (f" (as `{alias}`)" if alias != model_type else "")
-            rows.append(f"| {shown} | {names[s.pipeline]} | {'yes' if s.tensor else 'no'} |")
+            pipeline = names[s.pipeline] + (f": {s.why_no_pipeline}" if s.why_no_pipeline else "")
+            rows.append(f"| {shown} | {pipeline} | {'yes' if s.tensor else 'no'} |")
     return "\n".join(rows) + "\n"
 
 

@@ -135,6 +135,12 @@ def _token_ids(out: Path, tokens: Sequence[str]) -> list[int]:
     return [ids[t] for t in tokens]
 
 
+# Gains mlx-lm starts at zero that switch a path of the model off until trained: random
+# values, so a tiny model runs what they gate (Talkie's embedding skip into every block,
+# Gemma 3n's per-layer inputs), which a pipeline split must carry to later ranks.
+ZERO_GAINS = ("embed_skip.a_g", "altup.correct_output_scale")
+
+
 def make_tiny_model(
     out: Path,
     *,
@@ -213,6 +219,8 @@ def make_tiny_model(
         assert isinstance(value, mx.array)
         if value.ndim == 2 and not name.endswith("bias") and not mx.any(value).item():
             value = mx.random.normal(value.shape) * value.shape[-1] ** -0.5
+        elif name.endswith(ZERO_GAINS) and not mx.any(value).item():
+            value = mx.random.normal(value.shape) * 0.5
         weights[name] = (value * 4 if value.ndim == 2 else value).astype(mx.float32)
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))

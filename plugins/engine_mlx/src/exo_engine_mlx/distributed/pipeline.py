@@ -46,6 +46,7 @@ from mlx_lm.models.cache import (
 )
 
 from exo_engine_mlx.distributed import slicing_hybrid as hybrid
+from exo_engine_mlx.distributed import slicing_state as state
 from exo_engine_mlx.distributed import slicing_windows as windows
 from exo_engine_mlx.distributed.slicing_windows import kv_reuse_counts
 
@@ -329,6 +330,9 @@ class Slicing:
     # standing in for the embedding), so the head is the family's own: a logit scale or soft
     # cap included, which greedy tokens alone would not show.
     family_head: bool = False
+    # (text model) -> the width of what a rank hands the next, where the forward packs more
+    # than the hidden state (slicing_state: Talkie, RWKV-7, Gemma 3n/4); None: the hidden width.
+    handoff: Callable[[Any], int] | None = None
 
 
 _GEMMA = Slicing(scaled_embedding=True)
@@ -424,6 +428,14 @@ _WINDOWS_AND_POSITIONS = {
     ),
 }
 _GENERIC = Slicing()
+_GEMMA4 = Slicing(
+    reindex=state.gemma4_reindex,
+    forward=state.gemma4_forward,
+    caches=state.gemma4_caches,
+    caches_per_layer=False,  # KV-shared layers hold none
+    head=state.gemma4_head,
+    handoff=state.gemma4_handoff,
+)
 
 
 def _hybrid(**how: Any) -> Slicing:
@@ -508,6 +520,36 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
     "mamba": _SSM,
     "mamba2": _SSM,
     **{
+        # families8: layers that read more than the hidden state before them (slicing_state).
+        "talkie": Slicing(
+            layers="blocks",
+            embedding="embed",
+            forward=state.talkie_forward,
+            head=state.talkie_head,
+            handoff=state.twice_the_width,
+        ),
+        "rwkv7": Slicing(
+            embedding="embeddings", forward=state.rwkv7_forward, handoff=state.twice_the_width
+        ),
+        "longcat_flash": Slicing(family_head=True),  # two attention blocks per layer
+        "iquestloopcoder": Slicing(forward=state.loopcoder_forward, caches_per_layer=False),
+        "longcat_flash_ngram": Slicing(
+            embedding="ngram_embeddings",
+            forward=state.longcat_ngram_forward,
+            caches=state.longcat_ngram_caches,
+            caches_per_layer=False,
+        ),
+        "gemma4": _GEMMA4,
+        "gemma4_text": _GEMMA4,
+        "gemma3n": Slicing(
+            inner="model.language_model",
+            reindex=state.gemma3n_reindex,
+            forward=state.gemma3n_forward,
+            caches=state.gemma3n_caches,
+            caches_per_layer=False,
+            head=state.gemma3n_head,
+            handoff=state.gemma3n_handoff,
+        ),
         # --- Hybrid attention + SSM / linear-attention stacks (`slicing_hybrid`). ---
         # The forward's mask indices re-found on the slice; a kind the slice lacks gets None
         # or an index past its caches (`none_past_caches`).
@@ -774,6 +816,13 @@ def _carry(cache: list[Any] | None, sent: mx.array) -> None:
             return
 
 
+def _attribute(module: Any, path: str) -> Any:
+    """The attribute at a dotted `path` ("model", "model.language_model")."""
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module
+
+
 def _layer_list(inner: Any, path: str) -> tuple[Any, str]:
     """The module holding the layer list at `path` ("layers", "h", "layers.layers"), and
     the list's name in it."""
@@ -821,7 +870,7 @@ class SlicedStage(nn.Module):
         # A model class of mlx-lm, typed by duck (checked by the caller); a multimodal wrapper
         # (Gemma 3) keeps the text model as `language_model`.
         text: Any = getattr(model, "language_model", model)
-        inner = getattr(text, how.inner)
+        inner = _attribute(text, how.inner)
         owner, name = _layer_list(inner, how.layers)
         reused: list[Any] = list(inner[how.reuse_layers]) if how.reuse_layers else []
         n_regular = len(owner[name])
@@ -847,8 +896,11 @@ class SlicedStage(nn.Module):
         self.first, self.last = self._rank == 0, self._rank == group.size() - 1
         # baichuan_m1's and Youtu-LLM's models keep their args as `config`
         args = getattr(text, "args", None) or getattr(text, "config", None) or inner.args
-        self._hidden_size = int(getattr(args, how.hidden_size))
-        self._vocab_size = int(getattr(args, how.vocab_size))
+        self._hidden_size = (
+            how.handoff(text) if how.handoff is not None else int(getattr(args, how.hidden_size))
+        )
+        # Gemma 3n's args (the wrapper's) have no vocabulary size; its inner model has.
+        self._vocab_size = int(getattr(args, how.vocab_size, None) or inner.vocab_size)
         # Every per-layer list of the inner model (layer kinds) is cut like the layers.
         # (An mlx module keeps list attributes as its dict's items.)
         layers = owner[name]
@@ -859,6 +911,8 @@ class SlicedStage(nn.Module):
         if how.reuse_layers:
             inner[how.reuse_layers] = reused[max(start - n_regular, 0) : max(end - n_regular, 0)]
         _cut_per_layer_args((text, inner), n_layers, start, end)
+        inner.exo_span = state.Span(start, end, n_layers)  # for forwards that ask (slicing_state)
+        inner.exo_hop = self.hop
         if how.reindex is not None:
             how.reindex(inner)
         tied = not hasattr(text, "lm_head") and not how.inner_head
@@ -901,7 +955,7 @@ class SlicedStage(nn.Module):
 
     @property
     def _inner(self) -> Any:
-        return getattr(self._text, self._slicing.inner)
+        return _attribute(self._text, self._slicing.inner)
 
     @property
     def layers(self) -> list[Any]:
@@ -918,6 +972,17 @@ class SlicedStage(nn.Module):
         shape = (inputs.shape[0], inputs.shape[1], self._hidden_size)
         template = mx.zeros(shape, dtype=_float_dtype(self.layers[0]))
         return mx.distributed.recv_like(template, self._rank - 1, group=self._group)
+
+    def hop(self, h: mx.array) -> mx.array:
+        """Hand `h` once round the ring, for a family whose forward runs its stack twice: to
+        the next rank (the last one's to the first), and return what the rank before (the
+        first one's: the last) handed on. The send is evaluated here, before the receive is
+        made: a receive has no inputs to order it by, and the first rank's receive, run
+        first, would wait for a last rank that waits for the first rank's send."""
+        dtype = _float_dtype(self.layers[0])
+        to, source = (self._rank + 1) % self._size, (self._rank - 1) % self._size
+        mx.eval(mx.distributed.send(h.astype(dtype), to, group=self._group))
+        return mx.distributed.recv_like(h.astype(dtype), source, group=self._group)
 
     def _logits(self, h: mx.array) -> mx.array:
         """The head as the family's own forward applies it."""
