@@ -5,6 +5,10 @@ take requests, `step` advances every active sequence by one token and returns th
 send. Each sequence has its own sampler, logits processors, stop strings, streaming
 detokenizer and statistics; a sequence joining mid-batch does not change the others' output.
 
+A model whose cache the batch generator cannot batch (llama4, deepseek_v41) is served by
+`generation_solo.SoloGenerator` instead, through the same interface: each request on its own
+cache, stepped in turn, with every rule below unchanged (no prefix cache reuse on that path).
+
 A failure while handling one request fails that request only: its sampler and logits
 processors run under a guard that records the failure and lets the step go on, and the sequence
 is then removed with an error. A step that fails as a whole (no request to blame) fails the
@@ -40,6 +44,7 @@ from exo_core.plugin import (
     Usage,
 )
 from exo_engine_mlx.generation_batch import ARGMAX, install
+from exo_engine_mlx.generation_solo import SoloGenerator, batchable
 from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefill_threads import for_this_process
@@ -87,6 +92,13 @@ def has_recurrent_state(model: Any) -> bool:
         return isinstance(cache, ArraysCache)
 
     return any(recurrent(c) for c in make_prompt_cache(model))
+
+
+def can_batch(model: Any) -> bool:
+    """Whether mlx-lm's batch generator can batch this model's caches (`batchable`)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return batchable(make_prompt_cache(model))
 
 
 def peak_memory_bytes() -> int:
@@ -173,6 +185,7 @@ class BatchEngine:
         context_length: int | None = None,
         prefill_step_size: int = 2048,
         recurrent: bool | None = None,
+        batched: bool | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -189,12 +202,25 @@ class BatchEngine:
         if recurrent is None:
             recurrent = has_recurrent_state(model)
         prefill_batch = 1 if recurrent else max_concurrent
-        self._new_generator: Callable[[], BatchGenerator] = lambda: install(
-            BatchGenerator(
+        # `batched`: through mlx-lm's batch generator, or one cache per request (None: the
+        # model's caches say). A group passes its ranks' common answer, as for `recurrent`.
+        self.batched = can_batch(model) if batched is None else batched
+        stop_tokens = [[t] for t in sorted(self._eos)]
+        self._new_generator: Callable[[], BatchGenerator | SoloGenerator] = lambda: (
+            install(
+                BatchGenerator(
+                    model,
+                    stop_tokens=stop_tokens,
+                    completion_batch_size=max_concurrent,
+                    prefill_batch_size=prefill_batch,
+                    prefill_step_size=prefill_step_size,
+                )
+            )
+            if self.batched
+            else SoloGenerator(
                 model,
-                stop_tokens=[[t] for t in sorted(self._eos)],
+                stop_tokens=stop_tokens,
                 completion_batch_size=max_concurrent,
-                prefill_batch_size=prefill_batch,
                 prefill_step_size=prefill_step_size,
             )
         )
@@ -257,8 +283,9 @@ class BatchEngine:
         processors = [self._guard.processor(task_id, p) for p in wanted]
         parser = family_parser(self.tokenizer, params, rendered)
         cache, cached = (None, 0)
-        if self.prefix_cache is not None and params.prefix_cache:
-            cache, cached = self.prefix_cache.lookup(tokens)
+        prefix_cache = self.prefix_cache
+        if prefix_cache is not None and self._reuses_prefixes(params):
+            cache, cached = prefix_cache.lookup(tokens)
         (uid,) = self._generator.insert(
             [tokens[cached:]],
             max_tokens=[max_tokens],
@@ -280,6 +307,11 @@ class BatchEngine:
         self._by_uid[uid] = seq
         self._by_task[task_id] = seq
         return []
+
+    def _reuses_prefixes(self, params: GenerationParams) -> bool:
+        # One cache per request (the solo path) keeps no prefix cache: its cache types are
+        # the ones mlx-lm cannot cut (deepseek_v41's) or copy out of a batch.
+        return params.prefix_cache and self.batched
 
     def _sampler(self, task_id: TaskId, params: GenerationParams) -> Sampler:
         # Greedy rows that read no logprobs share ARGMAX (one argmax for the batch, no
@@ -323,6 +355,8 @@ class BatchEngine:
 
     def _prefills(self) -> bool:
         generator = self._generator
+        if isinstance(generator, SoloGenerator):
+            return generator.prefilling
         return bool(generator._unprocessed_sequences) or len(generator._prompt_batch) > 0
 
     def _fail_guarded(self) -> list[Chunk]:
@@ -421,9 +455,10 @@ class BatchEngine:
         self, seq: _Sequence, reason: FinishReason, store: tuple[list[int], list[Any]] | None
     ) -> list[Chunk]:
         self._forget(seq)
-        if store is not None and self.prefix_cache is not None and seq.params.prefix_cache:
+        prefix_cache = self.prefix_cache
+        if store is not None and prefix_cache is not None and self._reuses_prefixes(seq.params):
             tokens, cache = store
-            self.prefix_cache.store(tokens, cache)
+            prefix_cache.store(tokens, cache)
         out: list[Chunk] = []
         tail = seq.text.finish()
         if tail:

@@ -30,15 +30,10 @@ class FamilySupport:
     pipeline: str | None  # "mlx-lm", "layers" or None
     tensor: bool
     why_not: str = ""  # why the architecture does not run at all
-    # Known not to run even on one node (mlx-lm loads it, the engine cannot serve it), so
-    # placement refuses it outright; an architecture mlx-lm does not know is left to the node.
-    refused_alone: bool = False
     why_no_pipeline: str = ""  # why its layer stack cannot be cut, where known
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
-        if self.refused_alone:
-            return f"{self.model_type}: {self.why_not}"
         if ranks <= 1:
             return None  # one node runs every architecture mlx-lm runs
         if not self.runs:
@@ -49,16 +44,6 @@ class FamilySupport:
         if sharding == "tensor" and not self.tensor:
             return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
         return None
-
-
-# Architectures mlx-lm runs alone whose cache its BatchGenerator cannot batch ("does not yet
-# support batching with history"). The engine generates only through the BatchGenerator, so
-# it cannot serve them: placement refuses them, on one node too. test_every_family checks
-# each still fails to generate (an entry goes once mlx-lm batches it).
-UNBATCHABLE: dict[str, str] = {
-    "deepseek_v41": "its LayerCache",
-    "llama4": "ChunkedKVCache (chunked attention)",
-}
 
 
 # Families with a layer stack the engine cannot cut, and why, read from the family's mlx-lm
@@ -95,12 +80,6 @@ def family_support(model_type: str) -> FamilySupport:
     model = getattr(module, "Model", None)
     if model is None:
         return FamilySupport(model_type, False, None, False, "mlx-lm has no model class for it")
-    if (cache := UNBATCHABLE.get(module_name(model_type))) is not None:
-        why = (
-            f"the engine cannot serve it yet: mlx-lm's batch generator cannot batch {cache}, "
-            "and the engine generates only through it"
-        )
-        return FamilySupport(model_type, False, None, False, why, refused_alone=True)
     from mlx_lm.models.pipeline import PipelineMixin
 
     # The module's model stack carries mlx-lm's PipelineMixin (defined there or imported, or

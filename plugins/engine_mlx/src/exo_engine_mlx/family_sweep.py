@@ -74,11 +74,14 @@ class Generated:
     final: FinishChunk | ErrorChunk | None  # None: the stream ended without a final chunk
 
 
-def generate(model: Any, tokenizer: Any, max_tokens: int = MAX_TOKENS) -> Generated:
-    """One greedy request of `PROMPT` through the engine's batch engine."""
+def generate(
+    model: Any, tokenizer: Any, max_tokens: int = MAX_TOKENS, batched: bool | None = None
+) -> Generated:
+    """One greedy request of `PROMPT` through the engine's batch engine (`batched`: as
+    `BatchEngine` takes it; a group passes its ranks' common answer)."""
     from exo_engine_mlx.batching import BatchEngine
 
-    engine = BatchEngine(model, tokenizer, max_concurrent=1)
+    engine = BatchEngine(model, tokenizer, max_concurrent=1, batched=batched)
     params = GenerationParams(
         messages=(ChatMessage(role="user", content=PROMPT),),
         max_tokens=max_tokens,
@@ -191,7 +194,10 @@ def _run_case(case: Case, rank: int, group: Any) -> CaseResult:
         error = f"rank {rank} could not load its part: {type(e).__name__}: {e}"
     if not _all_loaded(group, not error):
         return CaseResult(error=error or "another rank could not load its part")
-    out = generate(model, tokenizer)
+    from exo_engine_mlx.batching import can_batch
+
+    # As a runner group does: one cache per request on every rank if any rank needs it.
+    out = generate(model, tokenizer, batched=not any_rank(group, not can_batch(model)))
     del model, tokenizer
     mx.clear_cache()
     finished = isinstance(out.final, FinishChunk)

@@ -95,7 +95,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
 
 def serve(conn: Connection, launch: Launch) -> int:
     from exo_core.plugin import Watchdog, any_rank
-    from exo_engine_mlx.batching import BatchEngine, has_recurrent_state
+    from exo_engine_mlx.batching import BatchEngine, can_batch, has_recurrent_state
     from exo_engine_mlx.prefix_cache import PrefixCache
 
     out = RunnerOutbox(conn)
@@ -110,10 +110,13 @@ def serve(conn: Connection, launch: Launch) -> int:
         report_load_failure(out, e)
         return 1
     budget = _prefix_budget(spec, options)
-    recurrent = has_recurrent_state(model)
+    # The ranks of a group must step alike: each asks its own part, the group takes the
+    # answer any rank needs (a pipeline rank's slice may hold no recurrent or unbatchable cache).
+    recurrent, unbatchable = has_recurrent_state(model), not can_batch(model)
     if group is not None:
-        with watchdog.guard("agreeing on how to prefill", options.group_step_timeout_s):
+        with watchdog.guard("agreeing on how to generate", options.group_step_timeout_s):
             recurrent = any_rank(group, recurrent)
+            unbatchable = any_rank(group, unbatchable)
     engine = BatchEngine(
         model,
         tokenizer,
@@ -123,6 +126,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         context_length=spec.card.context_length,
         prefill_step_size=options.prefill_step_size,
         recurrent=recurrent,
+        batched=not unbatchable,
     )
     loop = None
     try:

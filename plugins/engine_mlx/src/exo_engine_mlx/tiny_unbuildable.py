@@ -3,9 +3,7 @@
 `tests/test_every_family.py` runs every architecture mlx-lm serves on a tiny random-weight
 model built from `tiny_configs/<model_type>.json`. A family in `UNBUILDABLE` is reported by
 that test with the reason instead of being built; a family with neither a tiny config nor an
-entry fails the test. (Families mlx-lm runs but the engine cannot serve are
-`families.UNBATCHABLE`: not in the table, refused by placement.) Keep the reasons precise
-(what is missing, where).
+entry fails the test. Keep the reasons precise (what is missing, where).
 """
 
 from __future__ import annotations

@@ -36,7 +36,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    ChunkedKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from exo_engine_mlx.distributed import slicing_hybrid as hybrid
 from exo_engine_mlx.distributed import slicing_state as state
@@ -163,6 +170,39 @@ def _gemma3_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx
 def _gemma3_caches(inner: Any) -> list[Any]:
     return [
         RotatingKVCache(max_size=inner.window_size) if layer.self_attn.is_sliding else KVCache()
+        for layer in inner.layers
+    ]
+
+
+def _llama4_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx.array:
+    """Llama 4's forward on a slice of its layers. Its own tells chunked-attention layers from
+    global ones (every fourth) by the position in the list and takes the global mask from the
+    fourth cache, which a slice shifts; each attention block knows its kind from its index in
+    the whole model (`use_rope`: only chunked layers rotate), so that decides here."""
+    h = inner.embed_tokens(inputs)
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
+    chunked = [bool(layer.self_attn.use_rope) for layer in inner.layers]
+    for c, k in zip(caches, chunked, strict=True):
+        if k and c is not None:
+            c.maybe_trim_front()  # a chunked cache keeps only the current chunk's reach
+    chunk_cache = next((c for c, k in zip(caches, chunked, strict=True) if k), None)
+    global_cache = next((c for c, k in zip(caches, chunked, strict=True) if not k), None)
+    offset = caches[0].offset if caches[0] is not None else 0
+    start = chunk_cache.start_position if chunk_cache is not None else offset
+    # Chunked attention: a query sees the keys of its own chunk up to itself.
+    size = inner.attention_chunk_size
+    keys = mx.arange(start, offset + h.shape[1])
+    queries = mx.arange(offset, offset + h.shape[1])[:, None]
+    chunk_mask = (keys // size == queries // size) & (keys <= queries)
+    global_mask = create_attention_mask(h, global_cache)
+    for layer, c, k in zip(inner.layers, caches, chunked, strict=True):
+        h = layer(h, chunk_mask if k else global_mask, cache=c)
+    return inner.norm(h)
+
+
+def _llama4_caches(inner: Any) -> list[Any]:
+    return [
+        ChunkedKVCache(inner.attention_chunk_size) if layer.self_attn.use_rope else KVCache()
         for layer in inner.layers
     ]
 
@@ -450,6 +490,8 @@ SLICED_MODEL_TYPES: dict[str, Slicing] = {
         )
     },
     "phi": Slicing(norm="final_layernorm"),
+    # Llama 4 (the multimodal wrapper; llama4_text is another module): chunked attention.
+    "llama4": Slicing(forward=_llama4_forward, caches=_llama4_caches),
     "olmo3": Slicing(reindex=_olmo3_indices),
     "minicpm": Slicing(embedding_scale="scale_emb", head=_minicpm_head),
     "minicpm3": Slicing(embedding_scale="scale_emb", head=_minicpm_head),

@@ -1,0 +1,184 @@
+"""Families whose caches mlx-lm's batch generator cannot batch (llama4's chunked attention,
+deepseek_v41's compressed layer cache) are served one cache per request (`SoloGenerator`),
+with the batched path's rules: checked on their tiny models (mlx-lm's own classes, the
+engine's loader) against mlx-lm's own single-sequence generation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm.generate import generate_step
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    ChunkedKVCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
+from mlx_lm.models.deepseek_v41 import LayerCache
+
+from exo_core.plugin import (
+    ChatMessage,
+    Chunk,
+    ErrorChunk,
+    FinishChunk,
+    FinishReason,
+    GenerationParams,
+    KeepAliveChunk,
+    SamplingParams,
+    TaskId,
+    TextChunk,
+)
+from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.family_sweep import TinyFamilies
+from exo_engine_mlx.generation_solo import batchable
+from exo_engine_mlx.loading import load_model
+from exo_engine_mlx.prefix_cache import PrefixCache
+
+UNBATCHABLE_FAMILIES = ["llama4", "deepseek_v41"]
+GREEDY = SamplingParams(temperature=0)
+
+
+def test_batchable_asks_every_cache_type_for_the_merge_the_batch_generator_calls() -> None:
+    assert batchable([])
+    assert batchable([KVCache(), RotatingKVCache(max_size=8), ArraysCache(2)])
+    assert batchable([CacheList(KVCache(), ArraysCache(1))])
+    assert not batchable([KVCache(), ChunkedKVCache(8)])
+    assert not batchable([CacheList(KVCache(), ChunkedKVCache(8))])
+    assert not batchable([LayerCache(window_size=8)])
+
+
+def params(text: str, **kw: Any) -> GenerationParams:
+    kw.setdefault("sampling", GREEDY)
+    kw.setdefault("max_tokens", 8)
+    return GenerationParams(messages=(ChatMessage(role="user", content=text),), **kw)
+
+
+def run(
+    engine: BatchEngine, requests: dict[str, GenerationParams], cancel_after: int | None = None
+) -> dict[str, list[Chunk]]:
+    """Every request submitted at once, stepped to the end; the first one is cancelled after
+    `cancel_after` steps when asked."""
+    out: dict[str, list[Chunk]] = {k: [] for k in requests}
+    for task_id, p in requests.items():
+        out[task_id].extend(engine.submit(TaskId(task_id), p))
+    steps = 0
+    while engine.active:
+        if steps == cancel_after:
+            first = next(iter(requests))
+            out[first].extend(engine.cancel(TaskId(first)))
+        for c in engine.step():
+            out[c.task_id].append(c)
+        steps += 1
+    return out
+
+
+def text(chunks: list[Chunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextChunk))
+
+
+def finish(chunks: list[Chunk]) -> FinishChunk:
+    assert isinstance(chunks[-1], FinishChunk), chunks[-1]
+    return chunks[-1]
+
+
+@pytest.fixture(scope="module", params=UNBATCHABLE_FAMILIES)
+def loaded(request: pytest.FixtureRequest, tiny_families: TinyFamilies) -> tuple[Any, Any]:
+    return load_model(str(tiny_families.path(request.param)))
+
+
+def test_the_engine_picks_one_cache_per_request(loaded: tuple[Any, Any]) -> None:
+    assert not batchable(make_prompt_cache(loaded[0]))
+    assert not BatchEngine(*loaded).batched
+
+
+def test_one_request_gives_mlx_lms_own_greedy_tokens(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    got = run(BatchEngine(model, tokenizer), {"t": params("hello world", max_tokens=8)})["t"]
+    assert finish(got).finish_reason == FinishReason.LENGTH
+    assert finish(got).usage.completion_tokens == 8
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hello world"}], add_generation_prompt=True, tokenize=False
+    )
+    prompt = mx.array(tokenizer.encode(rendered, add_special_tokens=False))
+    tokens = [t for t, _ in generate_step(prompt, model, max_tokens=8)]
+    assert text(got) == tokenizer.decode(tokens)
+
+
+def test_two_concurrent_requests_each_answer_as_alone(loaded: tuple[Any, Any]) -> None:
+    sampled = SamplingParams(temperature=0.9, top_k=20, seed=7)
+    requests = {
+        "greedy": params("hello world", stop=()),
+        "sampled": params(
+            "the quick brown fox jumps", sampling=sampled, logprobs=True, top_logprobs=2
+        ),
+    }
+    alone = {k: run(BatchEngine(*loaded), {k: p})[k] for k, p in requests.items()}
+    together = run(BatchEngine(*loaded), requests)
+    for k in requests:
+        assert text(together[k]) == text(alone[k]), k
+        assert finish(together[k]).usage.completion_tokens == 8
+    logprobs = [lp for c in together["sampled"] if isinstance(c, TextChunk) for lp in c.logprobs]
+    assert logprobs and all(len(lp.top) == 2 for lp in logprobs)
+
+
+def test_a_stop_string_cuts_the_text(loaded: tuple[Any, Any]) -> None:
+    whole = text(run(BatchEngine(*loaded), {"t": params("hello world")})["t"])
+    stop = whole[2:4]
+    got = run(BatchEngine(*loaded), {"t": params("hello world", stop=(stop,))})["t"]
+    assert finish(got).finish_reason == FinishReason.STOP
+    assert text(got) == whole[: whole.index(stop)]
+
+
+def test_a_cancelled_request_ends_and_the_other_goes_on(loaded: tuple[Any, Any]) -> None:
+    alone = text(run(BatchEngine(*loaded), {"b": params("hello world")})["b"])
+    engine = BatchEngine(*loaded)
+    out = run(
+        engine,
+        {"a": params("numbers like 12345", max_tokens=200), "b": params("hello world")},
+        cancel_after=3,
+    )
+    assert finish(out["a"]).finish_reason == FinishReason.CANCELLED
+    assert text(out["b"]) == alone
+    assert engine.active == 0
+
+
+def test_a_bad_sampling_value_fails_its_request_alone(loaded: tuple[Any, Any]) -> None:
+    alone = text(run(BatchEngine(*loaded), {"good": params("hello world")})["good"])
+    engine = BatchEngine(*loaded)
+    bad = SamplingParams(temperature=0.7, top_k=10**6)  # the core refuses it; if one got here
+    out = run(engine, {"good": params("hello world"), "bad": params("tiny model", sampling=bad)})
+    assert isinstance(out["bad"][-1], ErrorChunk)
+    assert text(out["good"]) == alone
+    assert text(run(engine, {"after": params("hello world")})["after"]) == alone
+
+
+def test_a_long_prompt_is_prefilled_a_chunk_a_step(loaded: tuple[Any, Any]) -> None:
+    prompt = "the quick brown fox jumps over the lazy dog " * 3
+    stepped = run(BatchEngine(*loaded, prefill_step_size=8), {"t": params(prompt)})["t"]
+    done = [c.prefill_processed for c in stepped if isinstance(c, KeepAliveChunk)]
+    assert len(done) >= 3 and done[0] == 8 and done == sorted(done)
+    whole = run(BatchEngine(*loaded), {"t": params(prompt)})["t"]
+    assert text(stepped) == text(whole)
+
+
+def test_no_prefix_cache_is_kept_for_these_caches(loaded: tuple[Any, Any]) -> None:
+    cache = PrefixCache(budget_bytes=64 << 20, min_tokens=2)
+    engine = BatchEngine(*loaded, prefix_cache=cache)
+    first = run(engine, {"a": params("hello world")})["a"]
+    again = run(engine, {"b": params("hello world")})["b"]
+    assert text(again) == text(first)
+    assert finish(again).usage.cached_tokens == 0 and len(cache) == 0
+
+
+def test_the_solo_path_on_a_batchable_model_gives_the_batched_tokens(
+    tiny_families: TinyFamilies,
+) -> None:
+    loaded = load_model(str(tiny_families.path("llama")))
+    requests = {"a": params("hello world"), "b": params("the quick brown fox jumps")}
+    batched = run(BatchEngine(*loaded), requests)
+    solo = run(BatchEngine(*loaded, batched=False), requests)
+    assert {k: text(v) for k, v in solo.items()} == {k: text(v) for k, v in batched.items()}
