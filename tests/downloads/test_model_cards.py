@@ -6,12 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from exo_core.ids import ModelId, NodeId
 from exo_core.model_cards import Capability, ModelCard, load_card_file
+from exo_core.placement_types import NodeShare, PlacementOption
+from exo_core.state import Sharding
 from exo_download_hf import plugin
 from exo_download_hf.cards import CardError, card_dir, card_from_config, hub_ref
 from exo_download_hf.chat_format import detect
 from exo_download_hf.hub import RemoteFile
 from exo_download_hf.verify import ExpectedHash
+from exo_engine_mlx.engine import MlxEngine
+from exo_engine_mlx.families import family_support
 
 CARDS = sorted(Path(__file__).parents[2].joinpath("resources", "model_cards").glob("*.toml"))
 
@@ -34,6 +39,64 @@ def test_every_card_file_is_valid(path: Path) -> None:
         kv = card.num_key_value_heads
         assert kv is not None and kv > 0
     assert not card.custom
+
+
+TEXT_CARDS = [p for p in CARDS if not load_card_file(p).makes_images]
+
+
+def _two_ranks(card: ModelCard, sharding: Sharding) -> PlacementOption:
+    half = card.n_layers // 2
+    return PlacementOption(
+        model_id=ModelId(card.model_id),
+        sharding=sharding,
+        shares=(
+            NodeShare(node_id=NodeId("a"), start_layer=0, end_layer=half, memory_bytes=1),
+            NodeShare(
+                node_id=NodeId("b"), start_layer=half, end_layer=card.n_layers, memory_bytes=1
+            ),
+        ),
+    )
+
+
+@pytest.mark.parametrize("path", TEXT_CARDS, ids=lambda p: p.stem)
+def test_every_text_card_names_a_family_the_engine_splits(path: Path) -> None:
+    # Cards are shipped for models people split over nodes: each names an architecture the
+    # MLX engine runs and pipelines over two ranks, and claims a tensor split exactly when
+    # placement offers one, so no card names a family the engine would refuse.
+    card = load_card_file(path)
+    assert card.model_type, "a text card names its config's model_type"
+    support = family_support(card.model_type)
+    assert support.runs, support.why_not
+    engine = MlxEngine()
+    assert engine.can_serve(card)
+    assert support.pipeline is not None
+    assert engine.placement_refusal(card, _two_ranks(card, "pipeline")) is None
+    tensor_refusal = engine.placement_refusal(card, _two_ranks(card, "tensor"))
+    assert card.supports_tensor == (tensor_refusal is None), tensor_refusal
+    assert card.supports_tensor == support.tensor
+
+
+# Parser names a card may give: the core's parsers, mlx-lm's tool parser modules (what a custom
+# card records from the tokenizer, `chat_format.detect`), and the engine's Harmony reader.
+REASONING_PARSERS = {None, "think"}
+
+
+def _tool_parsers() -> set[str | None]:
+    import mlx_lm.tool_parsers
+
+    modules = {p.stem for p in Path(mlx_lm.tool_parsers.__file__).parent.glob("*.py")}
+    return {None, "hermes", "harmony"} | (modules - {"__init__", "json_tools"})
+
+
+@pytest.mark.parametrize("path", TEXT_CARDS, ids=lambda p: p.stem)
+def test_every_text_card_names_parsers_that_exist(path: Path) -> None:
+    card = load_card_file(path)
+    assert card.reasoning_parser in REASONING_PARSERS
+    assert card.tool_parser in _tool_parsers()
+    if card.reasoning_parser is not None:  # thinking parsed only for a tokenizer with markers
+        assert card.has(Capability.THINKING) or not card.has(Capability.THINKING_TOGGLE)
+    if card.tool_parser is not None:
+        assert card.has(Capability.TOOLS)
 
 
 def test_the_plugin_contributes_every_card() -> None:
