@@ -81,14 +81,18 @@ def _eval_by_layer(model: nn.Module) -> None:
     mx.eval(model.parameters())
 
 
-def load_model(model_dir: str, shard: ShardPlan | None = None) -> tuple[Any, Any]:
+def load_model(
+    model_dir: str, shard: ShardPlan | None = None, *, trust_remote_code: bool = False
+) -> tuple[Any, Any]:
     """(model, tokenizer) from a local MLX model directory, ready to run on this device.
 
     With a `shard`, the model is this rank's part of it: a `PipelineStage` or a model whose
-    layers are sharded over the group."""
+    layers are sharded over the group. `trust_remote_code` (the card's) lets transformers
+    import a tokenizer the repo ships as Python (Kimi K2's); the model is always mlx-lm's."""
     from mlx_lm import load
 
-    model, tokenizer = load(model_dir, lazy=True)[:2]
+    tokenizer_config = {"trust_remote_code": True} if trust_remote_code else None
+    model, tokenizer = load(model_dir, lazy=True, tokenizer_config=tokenizer_config)[:2]
     quantized_kernels = _quantized_kernels(model)
     dense = not quantized_kernels and _dense(model_dir)
     if shard is not None and shard.sharding == "pipeline":

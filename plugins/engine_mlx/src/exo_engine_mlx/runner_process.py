@@ -72,7 +72,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
     spec, options = launch.spec, launch.options
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
-        return load_model(spec.model_path), None
+        return load_model(spec.model_path, trust_remote_code=spec.card.trust_remote_code), None
     from exo_core.plugin import barrier, join_group
 
     out.status(RunnerStatus.CONNECTING)
@@ -87,7 +87,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
             s.end_layer - s.start_layer for s in sorted(spec.instance.shards, key=lambda s: s.rank)
         ),
     )
-    loaded = load_model(spec.model_path, plan)
+    loaded = load_model(spec.model_path, plan, trust_remote_code=spec.card.trust_remote_code)
     with guard("waiting for the other ranks to load the model", options.group_load_timeout_s):
         barrier(group)
     return loaded, group
