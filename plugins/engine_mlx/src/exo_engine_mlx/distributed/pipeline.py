@@ -156,15 +156,8 @@ def _gemma3_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx
     kind from its index in the whole model (`is_sliding`), so that decides here."""
     h = inner.embed_tokens(inputs)
     h = h * mx.array(inner.args.hidden_size**0.5, mx.bfloat16).astype(h.dtype)
-    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
     sliding = [bool(layer.self_attn.is_sliding) for layer in inner.layers]
-    full_cache = next((c for c, s in zip(caches, sliding, strict=True) if not s), None)
-    window_cache = next((c for c, s in zip(caches, sliding, strict=True) if s), None)
-    full_mask = create_attention_mask(h, full_cache)
-    window_mask = create_attention_mask(h, window_cache, window_size=inner.window_size)
-    for layer, c, s in zip(inner.layers, caches, sliding, strict=True):
-        h = layer(h, window_mask if s else full_mask, c)
-    return inner.norm(h)
+    return inner.norm(windows.windowed_layers(inner, h, cache, sliding))
 
 
 def _gemma3_caches(inner: Any) -> list[Any]:

@@ -60,15 +60,24 @@ def cohere2_forward(inner: Any, inputs: mx.array, cache: list[Any] | None) -> mx
     loop index and takes the global mask from `cache[pattern - 1]`; each attention block
     knows its kind from its index in the whole model, so that decides here."""
     h = inner.embed_tokens(inputs)
-    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
     sliding = [bool(layer.self_attn.use_sliding_window) for layer in inner.layers]
+    return inner.norm(windowed_layers(inner, h, cache, sliding))
+
+
+def windowed_layers(
+    inner: Any, h: mx.array, cache: list[Any] | None, sliding: list[bool]
+) -> mx.array:
+    """h through a slice's layers where each layer says whether it slides (`sliding`, from
+    its index in the whole model): the full and the window mask are built from the slice's
+    first cache of each kind, not from list positions, which a slice shifts."""
+    caches: list[Any] = cache if cache is not None else [None] * len(inner.layers)
     full = next((c for c, s in zip(caches, sliding, strict=True) if not s), None)
     window = next((c for c, s in zip(caches, sliding, strict=True) if s), None)
     full_mask = create_attention_mask(h, full)
     window_mask = create_attention_mask(h, window, window_size=inner.window_size)
     for layer, c, s in zip(inner.layers, caches, sliding, strict=True):
         h = layer(h, window_mask if s else full_mask, c)
-    return inner.norm(h)
+    return h
 
 
 def cohere2_caches(inner: Any) -> list[Any]:
