@@ -23,6 +23,9 @@ from exo_core.plugin import (
 )
 from exo_engine_mlx.batching import BatchEngine, has_recurrent_state
 from exo_engine_mlx.prefix_cache import PrefixCache
+from exo_engine_mlx.testing import finish_of as finish
+from exo_engine_mlx.testing import run_requests as run
+from exo_engine_mlx.testing import text_of as text
 from exo_engine_mlx.textstream import TextStream
 from exo_engine_mlx.tiny_model import make_tiny_model
 
@@ -54,27 +57,6 @@ def params(text: str, **kw: Any) -> GenerationParams:
     kw.setdefault("sampling", GREEDY)
     kw.setdefault("max_tokens", 16)
     return GenerationParams(messages=(ChatMessage(role="user", content=text),), **kw)
-
-
-def run(engine: BatchEngine, requests: dict[str, GenerationParams]) -> dict[str, list[Chunk]]:
-    out: dict[str, list[Chunk]] = {k: [] for k in requests}
-    for task_id, p in requests.items():
-        for c in engine.submit(TaskId(task_id), p):
-            out[c.task_id].append(c)
-    while engine.active:
-        for c in engine.step():
-            out[c.task_id].append(c)
-    return out
-
-
-def text(chunks: list[Chunk]) -> str:
-    return "".join(c.text for c in chunks if isinstance(c, TextChunk))
-
-
-def finish(chunks: list[Chunk]) -> FinishChunk:
-    last = chunks[-1]
-    assert isinstance(last, FinishChunk), last
-    return last
 
 
 def reference(loaded: tuple[Any, Any], prompt: str, max_tokens: int = 16) -> str:

@@ -22,14 +22,11 @@ from mlx_lm.models.deepseek_v41 import LayerCache
 
 from exo_core.plugin import (
     ChatMessage,
-    Chunk,
     ErrorChunk,
-    FinishChunk,
     FinishReason,
     GenerationParams,
     KeepAliveChunk,
     SamplingParams,
-    TaskId,
     TextChunk,
 )
 from exo_engine_mlx.batching import BatchEngine
@@ -37,6 +34,9 @@ from exo_engine_mlx.family_sweep import TinyFamilies
 from exo_engine_mlx.generation_solo import batchable
 from exo_engine_mlx.loading import load_model
 from exo_engine_mlx.prefix_cache import PrefixCache
+from exo_engine_mlx.testing import finish_of as finish
+from exo_engine_mlx.testing import run_requests as run
+from exo_engine_mlx.testing import text_of as text
 
 UNBATCHABLE_FAMILIES = ["llama4", "deepseek_v41"]
 GREEDY = SamplingParams(temperature=0)
@@ -55,34 +55,6 @@ def params(text: str, **kw: Any) -> GenerationParams:
     kw.setdefault("sampling", GREEDY)
     kw.setdefault("max_tokens", 8)
     return GenerationParams(messages=(ChatMessage(role="user", content=text),), **kw)
-
-
-def run(
-    engine: BatchEngine, requests: dict[str, GenerationParams], cancel_after: int | None = None
-) -> dict[str, list[Chunk]]:
-    """Every request submitted at once, stepped to the end; the first one is cancelled after
-    `cancel_after` steps when asked."""
-    out: dict[str, list[Chunk]] = {k: [] for k in requests}
-    for task_id, p in requests.items():
-        out[task_id].extend(engine.submit(TaskId(task_id), p))
-    steps = 0
-    while engine.active:
-        if steps == cancel_after:
-            first = next(iter(requests))
-            out[first].extend(engine.cancel(TaskId(first)))
-        for c in engine.step():
-            out[c.task_id].append(c)
-        steps += 1
-    return out
-
-
-def text(chunks: list[Chunk]) -> str:
-    return "".join(c.text for c in chunks if isinstance(c, TextChunk))
-
-
-def finish(chunks: list[Chunk]) -> FinishChunk:
-    assert isinstance(chunks[-1], FinishChunk), chunks[-1]
-    return chunks[-1]
 
 
 @pytest.fixture(scope="module", params=UNBATCHABLE_FAMILIES)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
+
+from exo_core.plugin import Chunk, FinishChunk, GenerationParams, TaskId, TextChunk
+
+if TYPE_CHECKING:
+    from exo_engine_mlx.batching import BatchEngine
 
 
 class ScriptedOutput:
@@ -33,3 +38,33 @@ class ScriptedOutput:
         """Script the next request (one sequence at a time)."""
         self._script = script
         self._unseen_prompt = prompt_length
+
+
+def run_requests(
+    engine: BatchEngine, requests: dict[str, GenerationParams], cancel_after: int | None = None
+) -> dict[str, list[Chunk]]:
+    """Every request submitted at once and the engine stepped until none is active: each
+    request's chunks. With `cancel_after`, the first request is cancelled after that many
+    steps."""
+    out: dict[str, list[Chunk]] = {k: [] for k in requests}
+    for task_id, p in requests.items():
+        out[task_id].extend(engine.submit(TaskId(task_id), p))
+    steps = 0
+    while engine.active:
+        if steps == cancel_after:
+            first = next(iter(requests))
+            out[first].extend(engine.cancel(TaskId(first)))
+        for c in engine.step():
+            out[c.task_id].append(c)
+        steps += 1
+    return out
+
+
+def text_of(chunks: list[Chunk]) -> str:
+    return "".join(c.text for c in chunks if isinstance(c, TextChunk))
+
+
+def finish_of(chunks: list[Chunk]) -> FinishChunk:
+    last = chunks[-1]
+    assert isinstance(last, FinishChunk), last
+    return last
