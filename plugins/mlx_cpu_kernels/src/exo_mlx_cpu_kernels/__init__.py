@@ -69,6 +69,13 @@ def force_portable(on: bool) -> None:
         _ext.force_portable(on)
 
 
+def _built() -> Any:
+    """The extension module, or a RuntimeError saying why it is not built."""
+    if _ext is None:
+        raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
+    return _ext
+
+
 def quantized_matmul(
     x: Any,
     w: Any,
@@ -84,9 +91,7 @@ def quantized_matmul(
     nearest even) and take integer dot products, llama.cpp's way; the bias term keeps the exact
     float sums of x. Several times faster; the result is that of `x8 @ W.T + bias sums`, where
     x8 is the int8-rounded x (error ~|W| * max|x_block| / 254 per value)."""
-    if _ext is None:
-        raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
-    return _ext.quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations)
+    return _built().quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations)
 
 
 def fused_linear(
@@ -119,10 +124,8 @@ def fused_linear(
     `heads_out` (x of shape (B, 1, K), `rope`'s head_dim): each part comes shaped
     (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op)."""
     dims, head_dim, traditional, base, scale = rope or (0, 0, False, 10000.0, 1.0)
-    if _ext is None:
-        raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
     return list(
-        _ext.fused_linear(
+        _built().fused_linear(
             x,
             w,
             scales,
@@ -148,9 +151,7 @@ def fused_linear(
 
 def dequantize(w: Any, scales: Any, biases: Any, group_size: int, bits: int) -> Any:
     """dequantize(w, scales, biases) as float32 [N, K] (mx.dequantize, vectorised and threaded)."""
-    if _ext is None:
-        raise RuntimeError(f"exo_mlx_cpu_kernels is not built: {UNAVAILABLE_REASON}")
-    return _ext.dequantize(w, scales, biases, group_size, bits)
+    return _built().dequantize(w, scales, biases, group_size, bits)
 
 
 if _ext is not None:
