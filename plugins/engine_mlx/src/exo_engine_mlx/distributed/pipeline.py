@@ -358,6 +358,15 @@ _OTHER_NAMES = {
     "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
     "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
 }
+# GPT-2's layout: blocks in `h`, a learned position embedding `wpe` (first rank only).
+_GPT2 = Slicing(
+    family_head=True,
+    layers="h",
+    embedding="wte",
+    norm="ln_f",
+    hidden_size="n_embd",
+    positions="wpe",
+)
 # Sliding-window patterns, position embeddings, heads inside the inner model, KV reuse
 # (`slicing_windows`): each proven on 2 ranks by test_every_family_groups.
 _WINDOWS_AND_POSITIONS = {
@@ -371,23 +380,8 @@ _WINDOWS_AND_POSITIONS = {
     "gear": Slicing(
         family_head=True, reindex=windows.gear_indices, embedding_scales=("embed_scale",)
     ),
-    "gpt2": Slicing(
-        family_head=True,
-        layers="h",
-        embedding="wte",
-        norm="ln_f",
-        hidden_size="n_embd",
-        positions="wpe",
-    ),
-    "gpt_bigcode": Slicing(
-        family_head=True,
-        inner="transformer",
-        layers="h",
-        embedding="wte",
-        norm="ln_f",
-        hidden_size="n_embd",
-        positions="wpe",
-    ),
+    "gpt2": _GPT2,
+    "gpt_bigcode": replace(_GPT2, inner="transformer"),  # GPT-2's layout one level down
     "gpt_neox": Slicing(
         family_head=True,
         layers="h",
