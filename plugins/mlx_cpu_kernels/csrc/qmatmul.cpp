@@ -405,23 +405,11 @@ __attribute__((target("avx2,fma"))) inline void q4_row_x4w(
   for (int j = 0; j < W; ++j) p.out[m * p.N + n + j] = hsum(total[j]) + bias_term[j];
 }
 
+// One row of x (`rows` sends two or more to rows_avx2_many).
 __attribute__((target("avx2,fma"))) void rows_avx2_q4(const Problem& p, int64_t n0, int64_t n1) {
-  if (p.M == 1) {
-    int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) q4_row_x4w(p, n, 0);
-    for (; n < n1; ++n) q4_rows_block<1>(p, n, 0);
-    return;
-  }
-  for (int64_t n = n0; n < n1; ++n) {
-    int64_t m0 = 0;
-    for (; m0 + 4 <= p.M; m0 += 4) q4_rows_block<4>(p, n, m0);
-    switch (p.M - m0) {
-      case 3: q4_rows_block<3>(p, n, m0); break;
-      case 2: q4_rows_block<2>(p, n, m0); break;
-      case 1: q4_rows_block<1>(p, n, m0); break;
-      default: break;
-    }
-  }
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) q4_row_x4w(p, n, 0);
+  for (; n < n1; ++n) q4_rows_block<1>(p, n, 0);
 }
 
 __attribute__((target("avx2,fma"))) void dequantize_avx2(
