@@ -4,9 +4,11 @@ runner-like process (no server; the runner's fast BLAS preloaded through `runner
     uv run python bench/profile_batch_step.py [--streams 8] [--steps 48] [--rounds 2]
 
 1. A/B in one process, alternating rounds: `BatchEngine` with N identical greedy requests
-   (the bench prompt), decode steps timed in wall time and CPU time of the whole process, for
-   mlx-lm's own sampling path + MLX's attention ("old") against this engine's shared greedy
-   sampler + grouped-head attention ("new"); the greedy texts must be identical.
+   (the bench prompt), decode steps timed in wall time and CPU time of the whole process, with
+   the compiled step's row work (norms, rotary, SwiGLU, residual adds) as separate MLX ops
+   ("unfolded", EXO_FUSE_ROW_WORK=off) and folded into the kernel calls for all N rows
+   ("folded"); the greedy texts of the two are printed side by side (equal up to float32
+   rounding, so a near-tie may flip a token).
 2. The pieces of one step, each timed alone on the engine's own batch cache: the forward
    without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old
    and new), the cache update.
@@ -59,21 +61,20 @@ def profile(streams: int, steps: int, rounds: int) -> None:
     from exo_engine_mlx.batching import BatchEngine
     from exo_engine_mlx.embedded import ensure_embedded_model
     from exo_engine_mlx.loading import load_model
-    from exo_engine_mlx.sampling import make_sampler
 
     with tempfile.TemporaryDirectory() as tmp:
         model, tokenizer = load_model(str(ensure_embedded_model(Path(tmp))))
-    new_attention, new_sampler = compiled_step.decode_attention, BatchEngine._sampler
+    new_attention = compiled_step.decode_attention
 
     def old_attention(q: mx.array, k: mx.array, v: mx.array, *, scale: float, mask: Any) -> Any:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
-    def old_sampler(self: BatchEngine, task_id: TaskId, params: GenerationParams) -> Any:
-        return self._guard.sampler(task_id, make_sampler(params.sampling))
-
     def engine(mode: str, max_tokens: int) -> BatchEngine:
-        compiled_step.decode_attention = new_attention if mode == "new" else old_attention  # type: ignore[assignment]
-        BatchEngine._sampler = new_sampler if mode == "new" else old_sampler  # type: ignore[method-assign]
+        # The compiled blocks read EXO_FUSE_ROW_WORK when they trace: trace again per mode.
+        os.environ["EXO_FUSE_ROW_WORK"] = "off" if mode == "unfolded" else "auto"
+        for layer in model.model.layers:
+            if getattr(layer, "_graphs", None) is not None:
+                object.__delattr__(layer, "_graphs")
         e = BatchEngine(model, tokenizer, max_concurrent=streams)
         for i in range(streams):
             messages = (ChatMessage(role="user", content=PROMPT),)
@@ -84,11 +85,12 @@ def profile(streams: int, steps: int, rounds: int) -> None:
             )
         return e
 
-    print(f"== 1. decode step, {streams} streams, {steps} tokens, old vs new, alternating")
-    figures: dict[str, list[tuple[float, float]]] = {"old": [], "new": []}
+    modes = ("unfolded", "folded")
+    print(f"== 1. decode step, {streams} streams, {steps} tokens, {' vs '.join(modes)}, alternating")
+    figures: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     texts: dict[str, dict[str, str]] = {}
     for r in range(rounds):
-        for mode in ("old", "new"):
+        for mode in modes:
             e = engine(mode, steps)
             out: dict[str, str] = {}
             wall, cpu = [], []
@@ -107,10 +109,11 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         wall = statistics.median(w for w, _ in got)
         cpu = statistics.median(c for _, c in got)
         _line(f"{mode}: median of rounds ({streams / wall * 1e3:.1f} tok/s)", (wall, cpu))
-    print(f"  greedy texts identical old vs new: {texts['old'] == texts['new']}")
+    same = sum(texts[modes[0]].get(t) == text for t, text in texts[modes[1]].items())
+    print(f"  greedy texts identical {' vs '.join(modes)}: {same} of {streams}")
 
     print(f"== 2. pieces of one step, {streams} rows (engine state after 8 steps)")
-    e = engine("new", 400)
+    e = engine("folded", 400)
     for _ in range(8):
         e.step()
     batch: Any = e._generator._generation_batch

@@ -77,6 +77,11 @@ class _Fused:
         calls = (self.qkv, self.gate_up, self.o_proj, self.down)
         return all(c is not None for c in calls) and all(type(n) is nn.RMSNorm for n in norms)
 
+    def kernel_pays(self, rows: int) -> bool:
+        """Whether every call takes the kernel (not dequantize + BLAS) for `rows` rows."""
+        calls = (self.qkv, self.gate_up, self.o_proj, self.down)
+        return all(c is not None and c.kernel_pays(rows) for c in calls)
+
 
 def _fuse_layer(layer: llama.TransformerBlock) -> _Fused:
     attn, mlp = layer.self_attn, layer.mlp
@@ -95,9 +100,11 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
     fused: _Fused = getattr(layer, "_fused", None) or _Fused(None, None)
     row_work = fused.row_work(layer) and row_work_requested()
 
-    def one_row(x: mx.array) -> bool:
+    def folds(x: mx.array) -> bool:
         # Norms fold exactly only on float32 rows (MLX rounds a bf16 norm before the weight).
-        return row_work and x.shape[0] == 1 and x.dtype == mx.float32
+        # Any number of one-token rows (a batch's rows each rotate by their own offset), while
+        # the kernel is cheaper than dequantize + BLAS for that many.
+        return row_work and x.dtype == mx.float32 and fused.kernel_pays(x.shape[0])
 
     # mx.fast.rope runs as ~15 ops per call on the CPU: a plain nn.RoPE folds into q/k/v.
     rotary = type(rope) is nn.RoPE
@@ -115,7 +122,7 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
         return q, k, v
 
     def before_cache(x: mx.array, offset: mx.array) -> tuple[mx.array, mx.array, mx.array]:
-        if fused.qkv is not None and one_row(x):
+        if fused.qkv is not None and folds(x):
             norm = layer.input_layernorm
             if rotary:  # q, k, v come as (B, heads, 1, D)
                 q, k, v = fused.qkv.with_row_work(x, norm=norm, rope=(rope, head_dim, offset))
@@ -133,14 +140,14 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
 
     def block_rest(x: mx.array, attended: mx.array) -> mx.array:
         # One row: 3 primitives (o_proj + residual, norm + gate/up, SwiGLU + down + residual).
-        assert fused.o_proj and fused.gate_up and fused.down  # one_row() checked them
+        assert fused.o_proj and fused.gate_up and fused.down  # folds() checked them
         (h,) = fused.o_proj.with_row_work(attended, residual=x)
         norm = layer.post_attention_layernorm
         (gate_up,) = fused.gate_up.with_row_work(h, norm=norm, split=False)
         return fused.down.with_row_work(gate_up, swiglu=True, residual=h)[0]
 
     def after_attention(x: mx.array, attended: mx.array) -> mx.array:
-        if one_row(x):  # (B, heads, 1, D) -> (B, 1, heads * D): the same order when L = 1
+        if folds(x):  # (B, heads, 1, D) -> (B, 1, heads * D): the same order when L = 1
             return block_rest(x, attended.reshape(x.shape[0], 1, -1))
         attended = mx.flatten(attended.transpose(0, 2, 1, 3), -2, -1)
         h = x + attn.o_proj(attended)

@@ -195,10 +195,15 @@ class FusedLinear:
     ends: tuple[int, ...]  # where each layer's output rows end (the last is the total)
     parts: tuple[nn.Module, ...]
 
+    def kernel_pays(self, rows: int) -> bool:
+        """Whether the kernel, not dequantize + BLAS, is the cheaper way for `rows` rows of x
+        (for every part: a part that would take the BLAS path takes it)."""
+        cols = int(self.weight.shape[1]) * 32 // self.bits
+        return not any(_dequantize_pays_here(rows, p["weight"].shape[0], cols) for p in self.parts)
+
     def __call__(self, x: mx.array) -> list[mx.array]:
         rows = x.size // x.shape[-1] if x.ndim else 1
-        cols = x.shape[-1]
-        if any(_dequantize_pays_here(rows, p["weight"].shape[0], cols) for p in self.parts):
+        if not self.kernel_pays(rows):
             return [p(x) for p in self.parts]
         y = kernels.quantized_matmul(
             x,
