@@ -8,8 +8,9 @@ import pytest
 
 from exo_core.ids import ModelId, NodeId
 from exo_core.model_cards import Capability, ModelCard, load_card_file
-from exo_core.placement_types import NodeShare, PlacementOption
-from exo_core.state import Sharding
+from exo_core.placement import place, runnable
+from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
+from exo_core.state import NodeInfo, NodeResources, Sharding, State
 from exo_download_hf import plugin
 from exo_download_hf.cards import CardError, card_dir, card_from_config, hub_ref
 from exo_download_hf.chat_format import detect
@@ -74,6 +75,48 @@ def test_every_text_card_names_a_family_the_engine_splits(path: Path) -> None:
     tensor_refusal = engine.placement_refusal(card, _two_ranks(card, "tensor"))
     assert card.supports_tensor == (tensor_refusal is None), tensor_refusal
     assert card.supports_tensor == support.tensor
+
+
+NEMOTRON_H_CARDS = [p for p in TEXT_CARDS if load_card_file(p).model_type == "nemotron_h"]
+
+
+@pytest.mark.parametrize("path", NEMOTRON_H_CARDS, ids=lambda p: p.stem)
+def test_every_nemotron_h_card_carries_its_layer_pattern(path: Path) -> None:
+    # Placement reads it to keep every rank holding a cached (Mamba or attention) layer.
+    card = load_card_file(path)
+    pattern = card.config["hybrid_override_pattern"]
+    assert isinstance(pattern, str) and len(pattern) == card.n_layers
+    assert set(pattern) <= set("ME*-") and {"M", "*"} <= set(pattern)
+
+
+def test_placement_refuses_a_shipped_nemotron_h_split_that_leaves_a_rank_no_cache() -> None:
+    """The hub card (no weights on this node) is placed by free memory: 55:1 gives the second
+    node only the last layer, an MLP, which the runner would refuse at load; 1:1 is fine."""
+    card = load_card_file(_card_path(NEMOTRON_NANO_9B_V2))
+    assert card.source.startswith("hf:")
+    engine = MlxEngine()
+    request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
+
+    def placed(free_gb: tuple[int, ...]) -> list[PlacementOption]:
+        options = place(card, request, _nodes(free_gb))
+        return runnable(options, lambda o: engine.placement_refusal(card, o))
+
+    with pytest.raises(PlacementRefused, match=r"nemotron_h: rank 1 would hold layers \[55, 56\)"):
+        placed((55, 1))
+    kept = placed((4, 4))
+    assert [(s.start_layer, s.end_layer) for s in kept[0].shares] == [(0, 28), (28, 56)]
+
+
+def _nodes(free_gb: tuple[int, ...]) -> State:
+    nodes = [
+        NodeInfo(
+            node_id=NodeId(f"n{i}"),
+            addresses=("127.0.0.1",),
+            resources=NodeResources(memory_available=gb * 1_000_000_000, engines=("mlx",)),
+        )
+        for i, gb in enumerate(free_gb)
+    ]
+    return State(nodes={n.node_id: n for n in nodes})
 
 
 # Parser names a card may give: the core's parsers, mlx-lm's tool parser modules (what a custom
@@ -147,6 +190,7 @@ def test_card_from_an_mlx_llama_config() -> None:
         supports_tensor=True,
         source="hf:mlx-community/x",
         custom=True,
+        config=config,  # small enough to keep whole
     )
 
 
@@ -180,6 +224,67 @@ def test_a_custom_card_takes_its_context_length_from_the_config() -> None:
         "max_position_embeddings": 131072,
     }
     assert card_from_config("mlx-community/x", config, _weights(10)).context_length == 131072
+
+
+NEMOTRON_NANO_9B_V2 = "mlx-community--NVIDIA-Nemotron-Nano-9B-v2-4bits"
+
+
+def _nemotron_h_config(pattern: str) -> dict[str, object]:
+    """config.json of a Nemotron-H repo, as the hub has it (the keys the card reads, the
+    pattern placement reads, and the quantization an MLX conversion writes)."""
+    return {
+        "model_type": "nemotron_h",
+        "num_hidden_layers": len(pattern),
+        "hidden_size": 4480,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "hybrid_override_pattern": pattern,
+        "quantization": {"group_size": 64, "bits": 4},
+    }
+
+
+def test_a_custom_card_keeps_the_config_engines_judge_a_placement_by() -> None:
+    """/models/add of a Nemotron-H repo: its card carries the layer pattern, so placement
+    refuses a split the runner would refuse at load, with no weights on this node."""
+    pattern = load_card_file(_card_path(NEMOTRON_NANO_9B_V2)).config["hybrid_override_pattern"]
+    config = _nemotron_h_config(pattern)
+    card = card_from_config("org/nemotron", config, _weights(10))
+    assert card.config == config
+    engine = MlxEngine()
+    refusal = engine.placement_refusal(card, _split(card, [55, 1]))  # layer 55 is an MLP
+    assert refusal is not None and "rank 1 would hold layers [55, 56)" in refusal
+    assert engine.placement_refusal(card, _split(card, [28, 28])) is None
+
+
+def test_a_custom_card_drops_what_does_not_fit_the_bound() -> None:
+    config = _nemotron_h_config("M*-" * 20)
+    # An MLX conversion that quantized layers differently lists each: the card keeps the
+    # model's keys without those.
+    per_layer = {f"backbone.layers.{i}.mixer.gate": {"bits": 8} for i in range(200)}
+    quantized = {**config, "quantization": {"bits": 4, "group_size": 64, **per_layer}}
+    card = card_from_config("org/big", quantized, _weights(10))
+    assert card.quantization == "4bit"
+    assert card.config == {k: v for k, v in config.items() if k != "quantization"}
+    # A config whose model keys alone are over the bound: the card carries none of it.
+    huge = {**config, "block_configs": [{"attention": {"no_op": False}}] * 1000}
+    assert card_from_config("org/huge", huge, _weights(10)).config == {}
+
+
+def _card_path(stem: str) -> Path:
+    return next(p for p in CARDS if p.stem == stem)
+
+
+def _split(card: ModelCard, counts: list[int]) -> PlacementOption:
+    """A pipeline giving node i the next `counts[i]` layers."""
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return PlacementOption(
+        model_id=ModelId(card.model_id),
+        sharding="pipeline",
+        shares=tuple(
+            NodeShare(node_id=NodeId(f"n{i}"), start_layer=s, end_layer=s + n, memory_bytes=1)
+            for i, (s, n) in enumerate(zip(starts, counts, strict=True))
+        ),
+    )
 
 
 def _added(*tokens: str) -> dict[str, dict[str, object]]:

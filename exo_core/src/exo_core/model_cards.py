@@ -10,6 +10,7 @@ import tomllib
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -34,6 +35,32 @@ class ModelTask(StrEnum):
 
 
 IMAGE_TASKS = frozenset({ModelTask.IMAGE_GENERATION, ModelTask.IMAGE_EDIT})
+
+
+# Cards travel in the cluster state and between peers: the config a card carries is bounded.
+MAX_CARD_CONFIG_BYTES = 8192
+
+
+def card_config_problem(config: dict[str, Any]) -> str | None:
+    """Why `config` cannot be a card's `config`, or None. It must encode to at most
+    `MAX_CARD_CONFIG_BYTES` of JSON and be plain JSON data: a peer sends msgpack, whose bytes,
+    extension values and non-string keys the API's JSON (`GET /state`) would not show as sent."""
+    if not config:
+        return None
+    try:
+        encoded = msgspec.json.encode(config)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return "config holds a value that is not JSON data"
+    if len(encoded) > MAX_CARD_CONFIG_BYTES:
+        return (
+            f"config encodes to {len(encoded)} bytes of JSON, more than the "
+            f"{MAX_CARD_CONFIG_BYTES} a card may carry"
+        )
+    try:
+        same = msgspec.json.decode(encoded) == config
+    except (msgspec.DecodeError, RecursionError):
+        same = False
+    return None if same else "config holds a value that is not JSON data"
 
 
 class ModelComponent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -78,6 +105,15 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     custom: bool = False
     # The parts of a multi-part model, with their sizes; empty for a single-part model.
     components: tuple[ModelComponent, ...] = ()
+    # Keys of the model's config.json that engines read to judge a placement, as the hub has
+    # them (a hybrid model's layer pattern): the core treats them as opaque. At most
+    # `MAX_CARD_CONFIG_BYTES` of JSON.
+    config: dict[str, Any] = {}
+
+    def __post_init__(self) -> None:
+        # Raised here, a decoder (a card file, a peer's message) refuses the card with it.
+        if (problem := card_config_problem(self.config)) is not None:
+            raise ValueError(f"{self.model_id}: {problem}")
 
     def has(self, capability: Capability) -> bool:
         return capability in self.capabilities

@@ -96,10 +96,12 @@ from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId, new_id
 from exo_core.images import ImageFormat, ImageRequest, InvalidImageRequest, parse_size
 from exo_core.model_cards import (
+    MAX_CARD_CONFIG_BYTES,
     Capability,
     ModelCard,
     ModelComponent,
     ModelTask,
+    card_config_problem,
     load_card_dir,
     load_card_file,
 )
@@ -196,7 +198,7 @@ from exo_core.transport.base import (
 )
 from exo_core.watchdog import Watchdog
 
-API_VERSION = "1.3"
+API_VERSION = "1.4"
 """major.minor: the minor grows when something is added, the major when something changes."""
 
 InjectedNode = NamedDependency[NodeContext]
@@ -211,6 +213,7 @@ __all__ = [
     "API_VERSION",
     "GEMM_SYMBOLS",
     "HARMONY_MARKERS",
+    "MAX_CARD_CONFIG_BYTES",
     "NDJSON_MEDIA_TYPE",
     "RING_TOKEN_ENV",
     "UNFINISHED",
@@ -339,6 +342,7 @@ __all__ = [
     "build_prefix_shim",
     "cache_dir",
     "candidates",
+    "card_config_problem",
     "check_model_id",
     "child_environment",
     "decode_body",

@@ -169,9 +169,18 @@ def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_pa
     with pytest.raises(PipelineUnsupported, match="hold no cache"):
         _slice(path, 3, 4, rank=1)
     _slice(path, 2, 4, rank=1)
-    # A hub card's config is not read here: that split is left to the runner's own check.
-    hub = msgspec.structs.replace(card, source="hf:x/y")
-    assert engine.placement_refusal(hub, place(card, request, _two_nodes((3, 1)))[0]) is None
+    # A hub card has no config.json here: the pattern key it carries (as a shipped Nemotron-H
+    # card does) gets the same answers; with no key, the split is left to the runner's check.
+    pattern = json.loads((path / "config.json").read_text())["hybrid_override_pattern"]
+    hub = msgspec.structs.replace(
+        card, source="hf:x/y", config={"hybrid_override_pattern": "".join(pattern)}
+    )
+    bad, good = place(card, request, _two_nodes((3, 1)))[0], even[0]
+    refusal = engine.placement_refusal(hub, bad)
+    assert refusal is not None and refusal.startswith("nemotron_h: rank 1 would hold layers [3, 4)")
+    assert engine.placement_refusal(hub, good) is None
+    bare = msgspec.structs.replace(hub, config={})
+    assert engine.placement_refusal(bare, bad) is None
 
 
 def _slice(path: Path, start: int, end: int, rank: int) -> None:
@@ -226,3 +235,13 @@ def test_placement_keeps_a_gemma_kv_shared_layer_with_the_layer_it_reads(tmp_pat
     with pytest.raises(ValueError, match="layer 3 reuses the keys and values of layer 1"):
         _slice(path, 2, 4, rank=1)
     _slice(path, 1, 4, rank=1)
+    # A hub card carrying the two keys the check reads, from the model's config.json, gets
+    # the same answers without the directory.
+    text = json.loads((path / "config.json").read_text())
+    text = text.get("text_config") or text
+    keys = {k: text[k] for k in ("layer_types", "num_kv_shared_layers")}
+    hub = msgspec.structs.replace(card, source="hf:x/y", config={"text_config": keys})
+    refused = place(card, request, _two_nodes((1, 1)))[0]
+    refusal = engine.placement_refusal(hub, refused)
+    assert refusal is not None and refusal.startswith("gemma3n: rank 1 would hold layer 3")
+    assert engine.placement_refusal(hub, kept[0]) is None

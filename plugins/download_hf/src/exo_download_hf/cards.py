@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exo_core.plugin import Capability, ModelCard, ModelId, load_card_dir
+from exo_core.plugin import Capability, ModelCard, ModelId, card_config_problem, load_card_dir
 from exo_download_hf.chat_format import ChatFormat
 from exo_download_hf.hub import RemoteFile
 
@@ -111,6 +111,20 @@ def _quantization(config: dict[str, Any]) -> str:
     return "none"
 
 
+# How the weights are stored, not the model: the card's `quantization` sums these up, and in
+# some repos they are most of config.json (a line for each layer quantized differently).
+WEIGHT_FORMAT_KEYS = frozenset({"quantization", "quantization_config"})
+
+
+def _card_config(config: dict[str, Any]) -> dict[str, Any]:
+    """What the card carries of config.json. Which keys an engine reads to judge a placement
+    is the engine's business, so the card keeps the whole file when it fits the card's bound,
+    else the file less its weight-format blocks, else nothing (placement then leaves a split
+    to the runner's own check)."""
+    model = {k: v for k, v in config.items() if k not in WEIGHT_FORMAT_KEYS}
+    return next((c for c in (config, model) if card_config_problem(c) is None), {})
+
+
 def card_from_config(
     repo_id: str,
     config: dict[str, Any],
@@ -121,7 +135,8 @@ def card_from_config(
     capabilities `chat` found in its tokenizer files.
 
     Multimodal configs nest the language model's figures under `text_config`; the family is the
-    top-level `model_type`. Storage is the size of the safetensors weights."""
+    top-level `model_type`. Storage is the size of the safetensors weights. The card carries
+    config.json itself too (see `_card_config`), for engines to judge a placement by."""
     text = config.get("text_config")
     text = text if isinstance(text, dict) else config
     n_layers = _first_int(text, "num_hidden_layers", "n_layer", "num_layers", "n_layers")
@@ -159,4 +174,5 @@ def card_from_config(
         reasoning_parser=chat.reasoning_parser,
         tool_parser=chat.tool_parser,
         custom=True,
+        config=_card_config(config),
     )

@@ -77,8 +77,8 @@ class MlxEngine(Engine):
             return refusal
         # Which layers a rank gets matters where only some layers hold a cache (Nemotron-H)
         # or some reuse an earlier layer's keys and values (Gemma 3n / 4): the model's
-        # config.json says which, when this node has it.
-        config = _local_config(card)
+        # config.json says which, when this node has it or the card carries its keys.
+        config = _model_config(card)
         if config is None:
             return None
         from exo_engine_mlx.distributed.slicing_hybrid import cacheless_rank_refusal
@@ -108,15 +108,19 @@ class MlxEngine(Engine):
         return MlxRunner(spec, options_from_env(os.environ), env)
 
 
-def _local_config(card: ModelCard) -> dict[str, Any] | None:
-    """The config.json of a card whose weights are a local directory, or None (a hub model's
-    config is not read at placement: the runner still refuses a split it cannot run)."""
-    if not card.model_type or not card.source.startswith(LOCAL_SCHEME):
+def _model_config(card: ModelCard) -> dict[str, Any] | None:
+    """The model's config.json as placement reads it: the local directory's, for a card whose
+    weights are one, else the keys the card carries (a hub card's `config`, e.g. Nemotron-H's
+    layer pattern); None when neither says anything (the runner still refuses a bad split)."""
+    if not card.model_type:
         return None
-    try:
-        config = json.loads(
-            (Path(card.source.removeprefix(LOCAL_SCHEME)) / "config.json").read_text()
-        )
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
+    if card.source.startswith(LOCAL_SCHEME):
+        try:
+            config = json.loads(
+                (Path(card.source.removeprefix(LOCAL_SCHEME)) / "config.json").read_text()
+            )
+        except (OSError, ValueError):
+            config = None
+        if isinstance(config, dict):
+            return config
+    return dict(card.config) or None

@@ -153,9 +153,14 @@ def bailing_moe_linear_forward(inner: Any, inputs: mx.array, cache: list[Any] | 
 def _nemotron_h_cache_layers(config: dict[str, Any]) -> list[bool]:
     from mlx_lm.models.nemotron_h import ModelArgs
 
-    # Its args turn the pattern's spellings (layers_block_type, layer_types) into M E * -.
-    pattern = ModelArgs.from_dict(config).hybrid_override_pattern or []
-    return [kind in "M*" for kind in pattern]  # mamba and attention blocks
+    # A hub card carries only the pattern (`ModelCard.config`), which is not enough for the
+    # args; a whole config.json may spell it as block names, which its args turn into M E * -.
+    pattern = config.get("hybrid_override_pattern")
+    if pattern is None:
+        pattern = ModelArgs.from_dict(config).hybrid_override_pattern or []
+    if not isinstance(pattern, str | list):
+        raise TypeError(f"hybrid_override_pattern is a {type(pattern).__name__}")
+    return [kind in ("M", "*") for kind in pattern]  # mamba and attention blocks
 
 
 def _nemotron_nas_cache_layers(config: dict[str, Any]) -> list[bool]:
