@@ -137,6 +137,12 @@ def _restore_random_state(key: Any) -> None:
     mx.random.seed(int(key[-1].item()))
 
 
+def _random_key() -> Any:
+    """MLX's global random key (its stubs type `mx.random.state` as a plain object)."""
+    state: Any = mx.random.state
+    return state[0]
+
+
 class _Guard:
     """Wraps one request's sampler and processors: an exception is recorded against the
     request, and a harmless value stands in for the result so the rest of the batch steps."""
@@ -146,7 +152,7 @@ class _Guard:
 
     def sampler(self, task_id: TaskId, inner: Sampler) -> Sampler:
         def sample(logprobs: mx.array) -> mx.array:
-            key = mx.random.state[0]
+            key = _random_key()
             try:
                 return inner(logprobs)
             except Exception as e:
@@ -158,7 +164,7 @@ class _Guard:
 
     def processor(self, task_id: TaskId, inner: LogitsProcessor) -> LogitsProcessor:
         def process(tokens: mx.array, logits: mx.array) -> mx.array:
-            key = mx.random.state[0]
+            key = _random_key()
             try:
                 return inner(tokens, logits)
             except Exception as e:

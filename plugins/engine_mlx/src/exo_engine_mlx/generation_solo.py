@@ -158,7 +158,7 @@ class SoloGenerator:
                 [request.tokens],
                 [request.sampler],
                 ARGMAX,
-                [request.processors],
+                [list(request.processors)],
                 [self._stop],
                 [request.max_tokens],
             )
