@@ -12,6 +12,18 @@ and a stored prefix of n tokens, prints side by side:
   * copy: the lookup alone (the cost reuse adds);
 and the ratio fresh / reused. The engine reuses any stored prefix of at least
 `PrefixCache.min_tokens` tokens: the row with the smallest n says whether that threshold pays.
+
+    uv run python bench/bench_prefix_cache.py --solo [--lengths 256 1024] [--hidden 1024]
+                                              [--chunk 8192]
+
+The solo path (`SoloGenerator`, one cache per request), on a tiny random llama4 of the given
+width (4 layers, head_dim 128) with its chunked attention: a stored request of P tokens, then
+a request of P tokens sharing its first n, time to first token (lookup, copy, prefill of the
+rest, first decode step, as the engine steps it):
+  * fresh: no prefix cache;
+  * reused: the stored request's cache, cut back to n.
+A chunked cache is cut back no further than the first chunk it holds whole: with --chunk below
+P, the rows under that cut miss (`hit` says how many tokens were reused).
 Never asserts on time.
 """
 
@@ -72,6 +84,110 @@ print(json.dumps(rows))
 """
 
 
+SOLO_CHILD = """
+import json, random, sys, time
+from exo_engine_mlx.generation_solo import SoloGenerator
+from exo_engine_mlx.loading import load_model
+from exo_engine_mlx.prefix_cache import PrefixCache, shortest_cut
+
+model_dir, lengths = sys.argv[1], [int(x) for x in sys.argv[2].split(",")]
+low, high = int(sys.argv[3]), int(sys.argv[4])
+model, _ = load_model(model_dir)
+rng = random.Random(0)
+
+def first_token(tokens, prefix):
+    \"\"\"One request on the solo path until its first token: seconds, tokens reused, and
+    the finished request's response (its cache).\"\"\"
+    generator = SoloGenerator(model, stop_tokens=[], prefill_step_size=512)
+    start = time.perf_counter()
+    cache, n = prefix.lookup(tokens)
+    generator.insert(
+        [tokens[n:]], [1], caches=None if cache is None else [cache], all_tokens=[tokens[:n]]
+    )
+    while True:
+        _, generated = generator.next()
+        if generated:
+            return time.perf_counter() - start, n, generated[0]
+
+def best(run, reps=3):
+    runs = [run() for _ in range(reps)]
+    return min(r[0] for r in runs), runs[0][1]
+
+def draw(n):
+    return [rng.randrange(low, high) for _ in range(n)]
+
+first_token(draw(8), PrefixCache(0))  # warm up
+rows = []
+for length in lengths:
+    tokens = draw(length)
+    fresh, _ = best(lambda: first_token(tokens, PrefixCache(0)))
+    prefix = PrefixCache(budget_bytes=1 << 34, min_tokens=1)
+    _, _, done = first_token(tokens, prefix)  # the stored request: P tokens and one answer
+    prefix.store(done.all_tokens, done.prompt_cache)
+    cut = shortest_cut(done.prompt_cache, len(done.all_tokens))
+    for n in sorted({length // 4, length // 2, 3 * length // 4, length - 8}):
+        other = tokens[:n] + draw(length - n)
+        reused, hit = best(lambda: first_token(other, prefix))
+        rows.append(
+            {"length": length, "n": n, "hit": hit, "cut": cut, "fresh": fresh, "reused": reused}
+        )
+print(json.dumps(rows))
+"""
+
+
+def _tiny_llama4(out: Path, hidden: int, chunk: int) -> tuple[Path, int, int, str]:
+    """A random llama4 of `hidden` width (head_dim 128, as the real ones), 4 layers."""
+    from exo_engine_mlx.tiny_model import TINY_FAMILIES, make_tiny_model
+
+    text = {
+        **TINY_FAMILIES["llama4"]["text_config"],
+        "attention_chunk_size": chunk,
+        "head_dim": 128,
+        "intermediate_size_mlp": 4 * hidden,
+    }
+    heads = max(1, hidden // 128)
+    make_tiny_model(
+        out,
+        model_type="llama4",
+        layers=4,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=max(1, heads // 4),
+        intermediate=2 * hidden,
+        overrides={"text_config": text},
+    )
+    name = f"random llama4 (4 layers, hidden {hidden}, {heads} heads, attention chunk {chunk})"
+    return out, 0, 390, name
+
+
+def _solo(args: argparse.Namespace) -> None:
+    from exo_engine_mlx.blas import find_fast_blas, runner_env
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir, low, high, name = _tiny_llama4(Path(tmp) / "llama4", args.hidden, args.chunk)
+        lengths = ",".join(str(n) for n in args.lengths)
+        out = subprocess.run(
+            [sys.executable, "-c", SOLO_CHILD, str(model_dir), lengths, str(low), str(high)],
+            env=runner_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"solo path, {name}, BLAS={find_fast_blas() or 'bundled'}")
+    print("time to first token, best of 3, seconds; stored: a request of P tokens\n")
+    print(
+        f"{'prompt':>7} {'shared':>7} {'cut>=':>6} {'hit':>6} {'fresh':>8} {'reused':>8} "
+        f"{'fresh/reused':>13}"
+    )
+    for r in rows:
+        ratio = r["fresh"] / r["reused"]
+        print(
+            f"{r['length']:>7} {r['n']:>7} {r['cut']:>6} {r['hit']:>6} {r['fresh']:>8.3f} "
+            f"{r['reused']:>8.3f} {ratio:>12.2f}x"
+        )
+
+
 def _tiny(out: Path, family: str, window: int) -> tuple[Path, int, int, str]:
     """A tiny random model of `family`, wide enough that prefill takes measurable time."""
     from exo_engine_mlx.tiny_model import TINY_FAMILIES, make_tiny_model
@@ -89,7 +205,13 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--family", help="a tiny random model of this model_type instead")
     parser.add_argument("--window", type=int, default=128, help="its sliding window, if any")
+    parser.add_argument("--solo", action="store_true", help="the solo path, on a random llama4")
+    parser.add_argument("--hidden", type=int, default=1024, help="--solo: the llama4's width")
+    parser.add_argument("--chunk", type=int, default=8192, help="--solo: its attention chunk")
     args = parser.parse_args()
+    if args.solo:
+        _solo(args)
+        return
 
     from exo_engine_mlx.blas import find_fast_blas, runner_env
     from exo_engine_mlx.embedded import ensure_embedded_model

@@ -1,5 +1,7 @@
-"""The prefix cache with every cache type: plain KV (cut back to any common prefix) and the
-hybrid attention/SSM caches of Qwen3-Next (reused only as a whole prefix).
+"""The prefix cache with every cache type: plain KV (cut back to any common prefix), the
+hybrid attention/SSM caches of Qwen3-Next and deepseek_v41's compressed layer cache (reused
+only as a whole prefix), and llama4's chunked attention (cut back no further than the first
+chunk it still holds whole).
 
 Caches are filled by the real model; a reused cache must give the same logits as computing
 the whole prompt afresh."""
@@ -14,7 +16,7 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from exo_engine_mlx.prefix_cache import PrefixCache
+from exo_engine_mlx.prefix_cache import PrefixCache, shortest_cut
 from exo_engine_mlx.tiny_model import make_tiny_model
 
 STORED = "hello world the quick brown fox"
@@ -22,7 +24,10 @@ NEXT = STORED + " jumps over the lazy dog"
 DIVERGING = "hello world numbers like 12345 and more"
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3_next"])
+CUTTABLE = {"llama", "llama4"}  # when filled in one call (llama4 drops no key then)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen3_next", "llama4", "deepseek_v41"])
 def loaded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     path: Path = make_tiny_model(
         tmp_path_factory.mktemp(request.param) / "m", model_type=request.param, layers=4
@@ -62,9 +67,39 @@ def test_only_cuttable_caches_reuse_part_of_a_stored_prompt(loaded: Any) -> None
     prefix = PrefixCache(64 << 20, min_tokens=2)
     prefix.store(stored, _fill(model, stored)[1])
     cache, n = prefix.lookup(tokens)
-    if family == "llama":  # plain KV: cut back to the shared part
+    if family in CUTTABLE:  # plain KV: cut back to the shared part
         assert n == shared and cache is not None
         reused, fresh = _fill(model, tokens[n:], cache)[0], _fill(model, tokens)[0]
         assert mx.allclose(reused, fresh, atol=1e-4).item()
-    else:  # SSM state cannot be cut: no reuse rather than a wrong one
+    else:  # SSM or compressed state cannot be cut: no reuse rather than a wrong one
         assert (cache, n) == (None, 0)
+
+
+def test_a_chunked_cache_is_cut_back_only_to_a_chunk_it_holds_whole(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    path = make_tiny_model(tmp_path_factory.mktemp("llama4") / "m", model_type="llama4", layers=4)
+    model: Any = mlx_lm.load(str(path))[0]
+    chunk = model.language_model.model.attention_chunk_size
+    tokens = [(7 * i) % 300 + 20 for i in range(4 * chunk)]
+    # A prompt then token by token, as a request decodes: the chunked layers drop their
+    # oldest keys, holding the last `chunk` only.
+    stored = 2 * chunk + chunk // 2
+    _, cache = _fill(model, tokens[: 2 * chunk])
+    for i in range(2 * chunk, stored):
+        _fill(model, tokens[i : i + 1], cache)
+    kept = cache[0].start_position
+    assert kept > chunk  # the first chunk is gone, and part of the second
+    shortest = shortest_cut(cache, stored)
+    assert shortest == 2 * chunk  # the start of the chunk it holds from its first key
+    prefix = PrefixCache(64 << 20, min_tokens=1)
+    prefix.store(tokens[:stored], cache)
+    for n in (shortest - 1, shortest, shortest + 1):
+        diverging = [*tokens[:n], 399, *tokens[n + 1 : stored + 4]]
+        hit, got = prefix.lookup(diverging)
+        if n < shortest:  # the keys of n's chunk before `kept` are gone: no reuse
+            assert (hit, got) == (None, 0)
+            continue
+        assert got == n and hit is not None
+        reused, fresh = _fill(model, diverging[n:], hit)[0], _fill(model, diverging)[0]
+        assert mx.allclose(reused, fresh, atol=1e-4).item(), n

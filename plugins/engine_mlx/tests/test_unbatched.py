@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import msgspec
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import (
@@ -34,6 +35,7 @@ from exo_engine_mlx.family_sweep import TinyFamilies
 from exo_engine_mlx.generation_solo import batchable
 from exo_engine_mlx.loading import load_model
 from exo_engine_mlx.prefix_cache import PrefixCache
+from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.testing import finish_of as finish
 from exo_engine_mlx.testing import run_requests as run
 from exo_engine_mlx.testing import text_of as text
@@ -137,13 +139,97 @@ def test_a_long_prompt_is_prefilled_a_chunk_a_step(loaded: tuple[Any, Any]) -> N
     assert text(stepped) == text(whole)
 
 
-def test_no_prefix_cache_is_kept_for_these_caches(loaded: tuple[Any, Any]) -> None:
+class _Counted:
+    """The model, counting the tokens run through it (prefill and decode steps alike)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.tokens = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
+
+    def __call__(self, inputs: mx.array, cache: Any = None) -> mx.array:
+        self.tokens += inputs.shape[1]
+        return self.model(inputs, cache=cache)
+
+
+class _Scripted(ScriptedOutput):
+    """A scripted answer on the model's own cache types (llama4's and deepseek_v41's)."""
+
+    def make_cache(self) -> list[Any]:
+        return self._model.make_cache()
+
+
+LONG = "the quick brown fox jumps over the lazy dog and hello world numbers like 12345"
+ANSWER = "hello world"
+
+
+def _next_turn(answer: str) -> GenerationParams:
+    return GenerationParams(
+        messages=(
+            ChatMessage(role="user", content=LONG),
+            ChatMessage(role="assistant", content=answer),
+            ChatMessage(role="user", content="and more"),
+        ),
+        sampling=GREEDY,
+        max_tokens=8,
+    )
+
+
+def test_the_next_turn_is_prefilled_from_the_stored_conversation(loaded: tuple[Any, Any]) -> None:
+    model, tokenizer = loaded
+    cache = PrefixCache(budget_bytes=64 << 20, min_tokens=4)
+    # The first turn's answer is scripted (ended by end-of-sequence), so that the next turn's
+    # prompt holds the very tokens the first request left in its cache: a random model's
+    # answer need not come back as the same tokens when the template encodes it again.
+    prompt = finish(run(BatchEngine(*loaded), {"n": params(LONG, count_only=True)})["n"])
+    answer = [*tokenizer.encode(ANSWER, add_special_tokens=False), *tokenizer.eos_token_ids]
+    scripted = _Scripted(model, prompt.usage.prompt_tokens, answer)
+    first = run(BatchEngine(scripted, tokenizer, prefix_cache=cache), {"a": params(LONG)})["a"]
+    assert text(first) == ANSWER and len(cache) == 1
+
+    counted = _Counted(model)
+    engine = BatchEngine(counted, tokenizer, prefix_cache=cache)
+    reused = run(engine, {"t": _next_turn(ANSWER)})["t"]
+    fresh = run(BatchEngine(*loaded), {"t": _next_turn(ANSWER)})["t"]
+    usage = finish(reused).usage
+    # The whole first request is reused: its prompt and its answer.
+    assert usage.cached_tokens == prompt.usage.prompt_tokens + len(answer)
+    assert usage.prompt_tokens == finish(fresh).usage.prompt_tokens
+    # Only the rest of the prompt went through the model, then one step per token.
+    assert counted.tokens == usage.prompt_tokens - usage.cached_tokens + usage.completion_tokens
+    assert text(reused) == text(fresh)
+    # The entry served a copy: it serves the same turn again.
+    again = run(engine, {"t": _next_turn(ANSWER)})["t"]
+    assert finish(again).usage.cached_tokens == usage.cached_tokens
+    assert text(again) == text(fresh)
+
+
+def test_a_prompt_that_leaves_the_stored_one_early_is_not_served_from_it(
+    loaded: tuple[Any, Any],
+) -> None:
+    # The stored request's cache cannot be cut back to the shared part (see above): prefilling
+    # it afresh, not a cache holding positions the new prompt does not have.
     cache = PrefixCache(budget_bytes=64 << 20, min_tokens=2)
     engine = BatchEngine(*loaded, prefix_cache=cache)
-    first = run(engine, {"a": params("hello world")})["a"]
-    again = run(engine, {"b": params("hello world")})["b"]
-    assert text(again) == text(first)
-    assert finish(again).usage.cached_tokens == 0 and len(cache) == 0
+    run(engine, {"a": params(LONG)})
+    other = params(LONG.replace("numbers", "letters"))
+    fresh = run(BatchEngine(*loaded), {"b": other})["b"]
+    got = run(engine, {"b": other})["b"]
+    assert finish(got).usage.cached_tokens == 0
+    assert text(got) == text(fresh)
+
+
+def test_a_request_that_opts_out_neither_stores_nor_reuses(loaded: tuple[Any, Any]) -> None:
+    cache = PrefixCache(budget_bytes=64 << 20, min_tokens=2)
+    engine = BatchEngine(*loaded, prefix_cache=cache)
+    run(engine, {"a": params(LONG, prefix_cache=False)})
+    assert len(cache) == 0
+    answer = text(run(engine, {"a": params(LONG)})["a"])
+    assert len(cache) == 1
+    turn = msgspec.structs.replace(_next_turn(answer), prefix_cache=False)
+    assert finish(run(engine, {"t": turn})["t"]).usage.cached_tokens == 0
 
 
 def test_the_solo_path_on_a_batchable_model_gives_the_batched_tokens(

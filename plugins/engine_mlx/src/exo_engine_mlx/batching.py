@@ -7,7 +7,8 @@ detokenizer and statistics; a sequence joining mid-batch does not change the oth
 
 A model whose cache the batch generator cannot batch (llama4, deepseek_v41) is served by
 `generation_solo.SoloGenerator` instead, through the same interface: each request on its own
-cache, stepped in turn, with every rule below unchanged (no prefix cache reuse on that path).
+cache, stepped in turn, with every rule below unchanged (the prefix cache included: a finished
+request's own cache is stored, and a new one starts from a copy of the longest stored prefix).
 
 A failure while handling one request fails that request only: its sampler and logits
 processors run under a guard that records the failure and lets the step go on, and the sequence
@@ -136,6 +137,12 @@ def _restore_random_state(key: Any) -> None:
     mx.random.seed(int(key[-1].item()))
 
 
+def _random_key() -> Any:
+    """MLX's global random key (its stubs type `mx.random.state` as a plain object)."""
+    state: Any = mx.random.state
+    return state[0]
+
+
 class _Guard:
     """Wraps one request's sampler and processors: an exception is recorded against the
     request, and a harmless value stands in for the result so the rest of the batch steps."""
@@ -145,7 +152,7 @@ class _Guard:
 
     def sampler(self, task_id: TaskId, inner: Sampler) -> Sampler:
         def sample(logprobs: mx.array) -> mx.array:
-            key = mx.random.state[0]
+            key = _random_key()
             try:
                 return inner(logprobs)
             except Exception as e:
@@ -157,7 +164,7 @@ class _Guard:
 
     def processor(self, task_id: TaskId, inner: LogitsProcessor) -> LogitsProcessor:
         def process(tokens: mx.array, logits: mx.array) -> mx.array:
-            key = mx.random.state[0]
+            key = _random_key()
             try:
                 return inner(tokens, logits)
             except Exception as e:
@@ -284,7 +291,7 @@ class BatchEngine:
         parser = family_parser(self.tokenizer, params, rendered)
         cache, cached = (None, 0)
         prefix_cache = self.prefix_cache
-        if prefix_cache is not None and self._reuses_prefixes(params):
+        if prefix_cache is not None and params.prefix_cache:
             cache, cached = prefix_cache.lookup(tokens)
         (uid,) = self._generator.insert(
             [tokens[cached:]],
@@ -307,11 +314,6 @@ class BatchEngine:
         self._by_uid[uid] = seq
         self._by_task[task_id] = seq
         return []
-
-    def _reuses_prefixes(self, params: GenerationParams) -> bool:
-        # One cache per request (the solo path) keeps no prefix cache: its cache types are
-        # the ones mlx-lm cannot cut (deepseek_v41's) or copy out of a batch.
-        return params.prefix_cache and self.batched
 
     def _sampler(self, task_id: TaskId, params: GenerationParams) -> Sampler:
         # Greedy rows that read no logprobs share ARGMAX (one argmax for the batch, no
@@ -456,7 +458,7 @@ class BatchEngine:
     ) -> list[Chunk]:
         self._forget(seq)
         prefix_cache = self.prefix_cache
-        if store is not None and prefix_cache is not None and self._reuses_prefixes(seq.params):
+        if store is not None and prefix_cache is not None and seq.params.prefix_cache:
             tokens, cache = store
             prefix_cache.store(tokens, cache)
         out: list[Chunk] = []

@@ -8,8 +8,10 @@ deepseek_v41's `LayerCache`) cannot go through it at all, not even one request a
 
 `SoloGenerator` serves such models with the batch generator's interface (`insert`, `next`,
 `remove`, `close`), so `BatchEngine` keeps every rule of its own (samplers and their guard,
-stop strings, output parsing, logprobs, usage, cancellation) on this path too. Each request
-has its own cache (the model's `make_prompt_cache`); a step prefills one chunk of the oldest
+stop strings, output parsing, logprobs, usage, cancellation, the prefix cache) on this path
+too. Each request has its own cache (the model's `make_prompt_cache`, or the copy of a stored
+prefix's cache the engine passes in); a finished request hands its cache back for the engine
+to store as it is (the request is done with it). A step prefills one chunk of the oldest
 waiting prompt and advances every decoding request by one token, each on its own cache in
 turn. A request's decode is mlx-lm's own decode batch (`GenerationBatch`) holding that one
 request: the same logits processors, normalisation, sampling and stop rules as the batched
@@ -156,7 +158,7 @@ class SoloGenerator:
                 [request.tokens],
                 [request.sampler],
                 ARGMAX,
-                [request.processors],
+                [list(request.processors)],
                 [self._stop],
                 [request.max_tokens],
             )

@@ -1,10 +1,13 @@
 """A prefix cache: reuse the model cache of an earlier request that shares a prefix.
 
 A multi-turn chat resends the whole conversation each turn; with the cache, only the new turn
-is prefilled. Every cache type the families use is kept: plain KV caches are cut back to the
-common prefix; rotating (sliding-window) and SSM state caches cannot be cut, so they are reused
-when the stored sequence is a whole prefix of the new prompt (the next turn of a chat). Entries
-are evicted least recently used first under a byte budget.
+is prefilled. Every cache type the families use is kept, on the batched path and on the solo
+one alike: plain KV caches are cut back to the common prefix; rotating (sliding-window) caches
+past their window, SSM state caches and deepseek_v41's compressed `LayerCache` cannot be cut,
+so they are reused when the stored sequence is a whole prefix of the new prompt (the next turn
+of a chat); llama4's chunked-attention cache can be cut back no further than the start of the
+first chunk it still holds whole (`shortest_cut`). Entries are evicted least recently used first
+under a byte budget.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import CacheList, ChunkedKVCache, trim_prompt_cache
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -37,6 +40,29 @@ def _processed(tokens: Sequence[int], cache: list[Any]) -> int:
     return len(tokens)
 
 
+def _layer_cut(cache: Any) -> int | None:
+    """The shortest prefix one layer's cache can be cut back to; None: not at all."""
+    if isinstance(cache, CacheList):
+        cuts = [_layer_cut(c) for c in cache.caches]
+        return None if None in cuts else max((c for c in cuts if c is not None), default=0)
+    if isinstance(cache, ChunkedKVCache):
+        # It keeps only the last `chunk_size` keys, and a query attends to the keys of its own
+        # chunk: cut back to n, it must still hold n's chunk from its start. mlx-lm calls it
+        # trimmable at any length (its `trim` silently stops at the first key it holds).
+        chunk = cache.chunk_size
+        return -(-cache.start_position // chunk) * chunk
+    return 0 if cache.is_trimmable() else None
+
+
+def shortest_cut(cache: list[Any], length: int) -> int:
+    """The shortest prefix a model's cache holding `length` tokens can be cut back to
+    (`length` itself when it cannot be cut at all)."""
+    cuts = [_layer_cut(c) for c in cache]
+    if None in cuts:
+        return length
+    return min(length, max((c for c in cuts if c is not None), default=0))
+
+
 def _nbytes(cache: list[Any]) -> int:
     return sum(int(c.nbytes) for c in cache)
 
@@ -55,7 +81,8 @@ class _Entry:
     tokens: tuple[int, ...]
     cache: list[Any]
     nbytes: int
-    trimmable: bool = True
+    # The shortest prefix the entry can be cut back to (its whole length: not cuttable).
+    shortest: int = 0
 
 
 class PrefixCache:
@@ -82,8 +109,8 @@ class PrefixCache:
         best_key, best_n = None, 0
         for key, entry in self._entries.items():
             n = min(common_prefix(entry.tokens, tokens), len(tokens) - 1)
-            if n < len(entry.tokens) and not entry.trimmable:
-                continue  # a state cache is reused only when the whole entry matches
+            if n < entry.shortest:
+                continue  # e.g. a state cache is reused only when the whole entry matches
             if n > best_n:
                 best_key, best_n = key, n
         if best_key is None or best_n < self.min_tokens:
@@ -102,13 +129,17 @@ class PrefixCache:
         if nbytes > self.budget_bytes:
             return
         # Plain KV caches can be cut back to any position; rotating (sliding-window) caches
-        # past their window and SSM state caches cannot: those are reused only whole.
-        trimmable = can_trim_prompt_cache(cache)
-        # An entry that this one extends is now redundant, when this one can be cut back to it.
-        if trimmable:
-            for key in [k for k, e in self._entries.items() if tokens[: len(e.tokens)] == e.tokens]:
-                del self._entries[key]
-        self._entries[self._next_key] = _Entry(tokens, cache, nbytes, trimmable)
+        # past their window and state caches cannot: those are reused only whole.
+        shortest = shortest_cut(cache, len(tokens))
+        # An entry that this one extends is now redundant, when this one can be cut back to
+        # every length that entry serves.
+        for key in [
+            k
+            for k, e in self._entries.items()
+            if tokens[: len(e.tokens)] == e.tokens and shortest <= e.shortest
+        ]:
+            del self._entries[key]
+        self._entries[self._next_key] = _Entry(tokens, cache, nbytes, shortest)
         self._next_key += 1
         while self.nbytes > self.budget_bytes:
             self._entries.popitem(last=False)
