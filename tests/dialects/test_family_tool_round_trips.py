@@ -30,18 +30,21 @@ from exo_core.model_cards import Capability, ModelCard
 from exo_core.state import RunnerStatus, Task
 from exo_core.testing.harness import running_node
 from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.output import opens_thinking
 from exo_engine_mlx.prompt import encode, render
 from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.tiny_model import (
     HARMONY_EOS,
     HARMONY_SPECIALS,
     HARMONY_TEMPLATE,
+    THINKING_SWITCH_TEMPLATE,
     make_tiny_model,
 )
 
 from .support import DIALECTS
 
 ANSWER = "It is sunny in Paris."
+THOUGHT = "The user wants weather."
 BASE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -88,6 +91,8 @@ FAMILIES = [
             f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"
             f"{json.dumps(args)}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
+        # Thinking switched by a `thinking` variable, as V3.1's own template does.
+        template=THINKING_SWITCH_TEMPLATE,
     ),
     Family(
         "deepseek-v3.2",
@@ -146,8 +151,11 @@ class FamilyRunner(Runner):
 
     async def generate(self, task: Task) -> AsyncIterator[Chunk]:
         params, tokenizer = task.params, self.tokenizer
-        script = tokenizer.encode(_answer(self.family, params), add_special_tokens=False)
         rendered = render(tokenizer, params)
+        answer = _answer(self.family, params)
+        if opens_thinking(rendered, "<think>", "</think>"):  # the model thinks, then answers
+            answer = f"{THOUGHT}</think>{answer}"
+        script = tokenizer.encode(answer, add_special_tokens=False)
         self.prompts.append(rendered)
         prompt = encode(tokenizer, params, rendered)
         self.model.expect(len(prompt), [*script, *sorted(tokenizer.eos_token_ids)])
@@ -219,7 +227,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Family
             model_type=family.model_type,
             special_tokens=family.specials,
             chat_template=family.template or f"{{# {family.marker} #}}{BASE}",
-            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER],
+            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER, THOUGHT],
             eos_tokens=family.eos,
         )
     plugin = FamilyPlugin(paths)
@@ -362,3 +370,74 @@ def test_reasoning_effort_reaches_the_harmony_system_message(
             messages=ask,
             reasoning_effort="extreme",  # type: ignore[arg-type]
         )
+
+
+V31 = "family-deepseek-v3.1"
+ASKED: Any = [{"role": "user", "content": ASK}]
+
+
+def _chat(url: str, **control: Any) -> tuple[str, str]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model=V31, messages=ASKED, **control)
+    message = reply.choices[0].message
+    return (message.model_extra or {}).get("reasoning_content") or "", message.content or ""
+
+
+def _responses(url: str, effort: Any) -> tuple[str, str]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    reply = client.responses.create(model=V31, input=ASK, reasoning={"effort": effort})
+    thought = "".join(
+        part.text
+        for item in reply.output
+        if item.type == "reasoning"
+        for part in item.content or []
+    )
+    return thought, reply.output_text
+
+
+def _claude(url: str, thinking: Any) -> tuple[str, str]:
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    reply = client.messages.create(model=V31, max_tokens=2048, messages=ASKED, thinking=thinking)
+    thought = "".join(b.thinking for b in reply.content if b.type == "thinking")
+    return thought, "".join(b.text for b in reply.content if b.type == "text")
+
+
+def _ollama(url: str, think: bool) -> tuple[str, str]:
+    reply = ollama.Client(host=url).chat(model=V31, messages=ASKED, think=think, stream=False)
+    return reply.message.thinking or "", reply.message.content or ""
+
+
+# Each dialect's thinking control, and whether it turns thinking on (V3.1's default is off).
+CONTROLS: dict[str, tuple[Callable[[str], tuple[str, str]], bool]] = {
+    "no control": (lambda url: _chat(url), False),
+    "openai reasoning_effort high": (lambda url: _chat(url, reasoning_effort="high"), True),
+    "openai reasoning_effort none": (lambda url: _chat(url, reasoning_effort="none"), False),
+    "openai chat_template_kwargs enable_thinking": (
+        lambda url: _chat(url, extra_body={"chat_template_kwargs": {"enable_thinking": True}}),
+        True,
+    ),
+    "openai chat_template_kwargs thinking off": (
+        lambda url: _chat(url, extra_body={"chat_template_kwargs": {"thinking": False}}),
+        False,
+    ),
+    "responses reasoning.effort": (lambda url: _responses(url, "medium"), True),
+    "claude thinking enabled": (
+        lambda url: _claude(url, {"type": "enabled", "budget_tokens": 1024}),
+        True,
+    ),
+    "claude thinking disabled": (lambda url: _claude(url, {"type": "disabled"}), False),
+    "ollama think": (lambda url: _ollama(url, True), True),
+    "ollama think false": (lambda url: _ollama(url, False), False),
+}
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_every_dialects_thinking_control_reaches_a_template_that_names_it_thinking(
+    node: tuple[str, FamilyEngine], control: str
+) -> None:
+    url, engine = node
+    ask, thinks = CONTROLS[control]
+    thought, text = ask(url)
+    assert engine.prompts[-1].endswith("<think>" if thinks else "</think>")
+    # Started inside the think block, the parser reads the model's first words as thinking.
+    assert (thought, text) == ((THOUGHT if thinks else ""), ANSWER)

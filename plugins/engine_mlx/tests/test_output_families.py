@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
@@ -32,7 +33,7 @@ from exo_engine_mlx.output import family_parser, opens_thinking, tool_format
 from exo_engine_mlx.prompt import encode, render
 from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.textstream import TextStream
-from exo_engine_mlx.tiny_model import make_tiny_tokenizer
+from exo_engine_mlx.tiny_model import THINKING_SWITCH_TEMPLATE, make_tiny_tokenizer
 
 TASK = TaskId("task")
 WEATHER = ToolSpec(
@@ -326,6 +327,42 @@ def test_a_prompt_that_opens_the_think_block_starts_the_parser_inside() -> None:
     assert not opens_thinking("<think>\n\n</think>\n\n", "<think>", "</think>")
     assert not opens_thinking("a <think> b", "<think>", "</think>")
     assert not opens_thinking("no tags", "<think>", "</think>")
+
+
+@pytest.fixture(scope="module")
+def switched(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tokenizer whose template switches thinking with `thinking`, as DeepSeek V3.1's does."""
+    out = tmp_path_factory.mktemp("switched")
+    make_tiny_tokenizer(
+        out,
+        special_tokens=("<think>", "</think>"),
+        chat_template=THINKING_SWITCH_TEMPLATE,
+        corpus=["Paris first, then Rome.</think>Checking both."],
+    )
+    return load_tokenizer(out)
+
+
+def thinking(enable: bool | None) -> GenerationParams:
+    return msgspec.structs.replace(params(tools=False), enable_thinking=enable)
+
+
+@pytest.mark.parametrize(
+    ("enable", "ending"), [(True, "<think>"), (False, "</think>"), (None, "</think>")]
+)
+def test_the_thinking_switch_reaches_a_template_that_names_it_thinking(
+    switched: Any, enable: bool | None, ending: str
+) -> None:
+    # None leaves the template's own default (off for V3.1).
+    assert render(switched, thinking(enable)).endswith(f"<|im_start|>assistant\n{ending}")
+
+
+def test_switched_on_thinking_starts_the_parser_inside_the_block(switched: Any) -> None:
+    out = stream(switched, thinking(True), "Paris first, then Rome.</think>Checking both.")
+    assert joined(out, ThinkingChunk) == "Paris first, then Rome."
+    assert joined(out, TextChunk) == "Checking both."
+    off = stream(switched, thinking(False), "Checking both.")
+    assert not any(isinstance(c, ThinkingChunk) for c in off)
+    assert joined(off, TextChunk) == "Checking both."
 
 
 def test_the_batch_engine_parses_and_counts_reasoning_tokens(
