@@ -62,9 +62,19 @@ class Family:
     model_type: str = "llama"
     template: str | None = None  # None: the common template, marked with `marker`
     eos: tuple[str, ...] = ("<|im_end|>",)
+    # Several calls in one turn, where the format writes them together.
+    calls: Callable[[list[tuple[str, dict[str, Any]]]], str] | None = None
 
 
 DSML = "｜DSML｜"
+
+
+def _toolcall(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """Nemotron-H's block: every call of the turn in one JSON list."""
+    listed = [{"name": name, "arguments": args} for name, args in calls]
+    return f"<think>The user wants weather.</think><TOOLCALL>{json.dumps(listed)}</TOOLCALL>"
+
+
 FAMILIES = [
     Family(
         "hermes",
@@ -107,6 +117,13 @@ FAMILIES = [
             + f"</{DSML}invoke>\n</{DSML}function_calls>"
         ),
     ),
+    Family(
+        "nemotron-h",
+        ("<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>"),
+        "<TOOLCALL>",
+        lambda name, args: _toolcall([(name, args)]),
+        calls=_toolcall,
+    ),
     # gpt-oss on a tiny gpt_oss model: the call ends at <|call|>, an end-of-sequence token.
     Family(
         "harmony",
@@ -129,6 +146,8 @@ def _answer(family: Family, params: GenerationParams) -> str:
     """The scripted model: a call to the first tool, or the answer once a tool has replied."""
     if params.messages[-1].role == "tool" or not params.tools:
         return family.answer(ANSWER)
+    if params.messages[-1].text() == ASK_BOTH and family.calls is not None:
+        return family.calls([(t.name, {"city": "Paris"}) for t in params.tools])
     return family.call(params.tools[0].name, {"city": "Paris"})
 
 
@@ -227,7 +246,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Family
             model_type=family.model_type,
             special_tokens=family.specials,
             chat_template=family.template or f"{{# {family.marker} #}}{BASE}",
-            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER, THOUGHT],
+            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER, THOUGHT, "get_time"],
             eos_tokens=family.eos,
         )
     plugin = FamilyPlugin(paths)
@@ -246,6 +265,7 @@ WEATHER = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
 ASK = "What is the weather in Paris?"
+ASK_BOTH = "What are the weather and the time in Paris?"
 names = [f.name for f in FAMILIES]
 
 
@@ -301,6 +321,48 @@ def test_openai_round_trip(url: str, family: str, stream: bool) -> None:
     final = client.chat.completions.create(model=model, messages=messages, tools=tools)
     assert final.choices[0].message.content == ANSWER
     assert final.choices[0].finish_reason == "stop"
+
+
+TIME = {
+    "name": "get_time",
+    "description": "The local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES if f.calls is not None])
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_two_calls_in_one_turn(url: str, family: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": ASK_BOTH}]
+    tools: Any = [{"type": "function", "function": f} for f in (WEATHER, TIME)]
+    model = f"family-{family}"
+    if stream:
+        calls: dict[int, dict[str, str]] = {}
+        for chunk in client.chat.completions.create(
+            model=model, messages=messages, tools=tools, stream=True
+        ):
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                fn = delta.function
+                call["name"] += (fn.name or "") if fn else ""
+                call["arguments"] += (fn.arguments or "") if fn else ""
+        found = [calls[i] for i in sorted(calls)]
+    else:
+        reply = client.chat.completions.create(model=model, messages=messages, tools=tools)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert not reply.choices[0].message.content  # no markers or JSON left as text
+        found = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in reply.choices[0].message.tool_calls or []
+            if c.type == "function"
+        ]
+    assert [(c["name"], json.loads(c["arguments"])) for c in found] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"city": "Paris"}),
+    ]
+    assert len({c["id"] for c in found}) == 2
 
 
 @pytest.mark.parametrize("family", names)

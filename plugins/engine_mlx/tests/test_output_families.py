@@ -34,6 +34,7 @@ from exo_engine_mlx.prompt import encode, render
 from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.textstream import TextStream
 from exo_engine_mlx.tiny_model import THINKING_SWITCH_TEMPLATE, make_tiny_tokenizer
+from exo_engine_mlx.tool_formats import parse_toolcall_list
 
 TASK = TaskId("task")
 WEATHER = ToolSpec(
@@ -232,6 +233,17 @@ FAMILIES = [
         "</｜DSML｜invoke>\n"
         "</｜DSML｜function_calls>",
     ),
+    # Nemotron Nano 9B v2: every call in one JSON list. The markers are plain text here (the
+    # template names them), so they reach the parser split over several tokens.
+    Family(
+        "nemotron-h (<TOOLCALL> list)",
+        "nemotron_toolcall",
+        ("<think>", "</think>"),
+        "<TOOLCALL>[{{ tool_call.name }}]</TOOLCALL>",
+        THINK + "Checking both."
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
+        '{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}]</TOOLCALL>',
+    ),
     Family(
         "deepseek-r1 style (template opens the think block)",
         "json_tools",
@@ -363,6 +375,15 @@ def test_switched_on_thinking_starts_the_parser_inside_the_block(switched: Any) 
     off = stream(switched, thinking(False), "Checking both.")
     assert not any(isinstance(c, ThinkingChunk) for c in off)
     assert joined(off, TextChunk) == "Checking both."
+
+
+def test_a_toolcall_block_is_a_list_of_calls_or_one_call() -> None:
+    one = '{"name": "f", "arguments": {"x": 1}}'
+    assert parse_toolcall_list(f"[{one}, {one}]") == [{"name": "f", "arguments": {"x": 1}}] * 2
+    assert parse_toolcall_list(one) == [{"name": "f", "arguments": {"x": 1}}]
+    for refused in ("[]", '"f"', "[1]", "not json"):
+        with pytest.raises(ValueError):
+            parse_toolcall_list(refused)
 
 
 def test_the_batch_engine_parses_and_counts_reasoning_tokens(
