@@ -9,7 +9,7 @@ import pytest
 from exo_core.builtin.output_parsers import HermesToolParser
 from exo_core.generation import Chunk, TextChunk, ThinkingChunk, ToolCallChunk
 from exo_core.ids import TaskId
-from exo_core.parsers import ChainedParser, OutputParser, ThinkParser
+from exo_core.parsers import ChainedParser, OutputParser, ThinkParser, thinking_switch
 
 T = TaskId("t")
 
@@ -76,3 +76,23 @@ def test_two_calls_and_thinking_chained() -> None:
     assert cities == ["Paris", "Rome"]
     ids = {c.call.id for c in out if isinstance(c, ToolCallChunk)}
     assert len(ids) == 2
+
+
+@pytest.mark.parametrize(
+    ("template", "switch"),
+    [
+        ("{%- if enable_thinking is false %}<think>\n\n</think>{% endif %}", "enable_thinking"),
+        # DeepSeek V3.1's shape: a bare `thinking`, defaulted when not given.
+        ("{% if not thinking is defined %}{% set thinking = false %}{% endif %}", "thinking"),
+        ("{{ '<think>' if thinking else '</think>' }}", "thinking"),
+        ("{% if thinking %}{% endif %}{% if enable_thinking %}{% endif %}", "enable_thinking"),
+        # Not the variable: a message's field, a string, a comment, the text around the tags.
+        ("{{ m.thinking }}{{ m['thinking'] }}{# thinking #} thinking {{ messages }}", None),
+        ("{% set thinking_budget = 3 %}", None),
+        ("", None),
+    ],
+)
+def test_a_chat_templates_thinking_switch_is_read_from_its_tags(
+    template: str, switch: str | None
+) -> None:
+    assert thinking_switch(template) == switch

@@ -30,18 +30,21 @@ from exo_core.model_cards import Capability, ModelCard
 from exo_core.state import RunnerStatus, Task
 from exo_core.testing.harness import running_node
 from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.output import opens_thinking
 from exo_engine_mlx.prompt import encode, render
 from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.tiny_model import (
     HARMONY_EOS,
     HARMONY_SPECIALS,
     HARMONY_TEMPLATE,
+    THINKING_SWITCH_TEMPLATE,
     make_tiny_model,
 )
 
 from .support import DIALECTS
 
 ANSWER = "It is sunny in Paris."
+THOUGHT = "The user wants weather."
 BASE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -59,9 +62,19 @@ class Family:
     model_type: str = "llama"
     template: str | None = None  # None: the common template, marked with `marker`
     eos: tuple[str, ...] = ("<|im_end|>",)
+    # Several calls in one turn, where the format writes them together.
+    calls: Callable[[list[tuple[str, dict[str, Any]]]], str] | None = None
 
 
 DSML = "｜DSML｜"
+
+
+def _toolcall(calls: list[tuple[str, dict[str, Any]]]) -> str:
+    """Nemotron-H's block: every call of the turn in one JSON list."""
+    listed = [{"name": name, "arguments": args} for name, args in calls]
+    return f"<think>The user wants weather.</think><TOOLCALL>{json.dumps(listed)}</TOOLCALL>"
+
+
 FAMILIES = [
     Family(
         "hermes",
@@ -88,6 +101,8 @@ FAMILIES = [
             f"<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>"
             f"{json.dumps(args)}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         ),
+        # Thinking switched by a `thinking` variable, as V3.1's own template does.
+        template=THINKING_SWITCH_TEMPLATE,
     ),
     Family(
         "deepseek-v3.2",
@@ -101,6 +116,13 @@ FAMILIES = [
             )
             + f"</{DSML}invoke>\n</{DSML}function_calls>"
         ),
+    ),
+    Family(
+        "nemotron-h",
+        ("<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>"),
+        "<TOOLCALL>",
+        lambda name, args: _toolcall([(name, args)]),
+        calls=_toolcall,
     ),
     # gpt-oss on a tiny gpt_oss model: the call ends at <|call|>, an end-of-sequence token.
     Family(
@@ -124,6 +146,8 @@ def _answer(family: Family, params: GenerationParams) -> str:
     """The scripted model: a call to the first tool, or the answer once a tool has replied."""
     if params.messages[-1].role == "tool" or not params.tools:
         return family.answer(ANSWER)
+    if params.messages[-1].text() == ASK_BOTH and family.calls is not None:
+        return family.calls([(t.name, {"city": "Paris"}) for t in params.tools])
     return family.call(params.tools[0].name, {"city": "Paris"})
 
 
@@ -146,8 +170,11 @@ class FamilyRunner(Runner):
 
     async def generate(self, task: Task) -> AsyncIterator[Chunk]:
         params, tokenizer = task.params, self.tokenizer
-        script = tokenizer.encode(_answer(self.family, params), add_special_tokens=False)
         rendered = render(tokenizer, params)
+        answer = _answer(self.family, params)
+        if opens_thinking(rendered, "<think>", "</think>"):  # the model thinks, then answers
+            answer = f"{THOUGHT}</think>{answer}"
+        script = tokenizer.encode(answer, add_special_tokens=False)
         self.prompts.append(rendered)
         prompt = encode(tokenizer, params, rendered)
         self.model.expect(len(prompt), [*script, *sorted(tokenizer.eos_token_ids)])
@@ -219,7 +246,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Family
             model_type=family.model_type,
             special_tokens=family.specials,
             chat_template=family.template or f"{{# {family.marker} #}}{BASE}",
-            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER],
+            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER, THOUGHT, "get_time"],
             eos_tokens=family.eos,
         )
     plugin = FamilyPlugin(paths)
@@ -238,6 +265,7 @@ WEATHER = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
 ASK = "What is the weather in Paris?"
+ASK_BOTH = "What are the weather and the time in Paris?"
 names = [f.name for f in FAMILIES]
 
 
@@ -293,6 +321,48 @@ def test_openai_round_trip(url: str, family: str, stream: bool) -> None:
     final = client.chat.completions.create(model=model, messages=messages, tools=tools)
     assert final.choices[0].message.content == ANSWER
     assert final.choices[0].finish_reason == "stop"
+
+
+TIME = {
+    "name": "get_time",
+    "description": "The local time in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize("family", [f.name for f in FAMILIES if f.calls is not None])
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_two_calls_in_one_turn(url: str, family: str, stream: bool) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    messages: Any = [{"role": "user", "content": ASK_BOTH}]
+    tools: Any = [{"type": "function", "function": f} for f in (WEATHER, TIME)]
+    model = f"family-{family}"
+    if stream:
+        calls: dict[int, dict[str, str]] = {}
+        for chunk in client.chat.completions.create(
+            model=model, messages=messages, tools=tools, stream=True
+        ):
+            for delta in chunk.choices[0].delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += delta.id or ""
+                fn = delta.function
+                call["name"] += (fn.name or "") if fn else ""
+                call["arguments"] += (fn.arguments or "") if fn else ""
+        found = [calls[i] for i in sorted(calls)]
+    else:
+        reply = client.chat.completions.create(model=model, messages=messages, tools=tools)
+        assert reply.choices[0].finish_reason == "tool_calls"
+        assert not reply.choices[0].message.content  # no markers or JSON left as text
+        found = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in reply.choices[0].message.tool_calls or []
+            if c.type == "function"
+        ]
+    assert [(c["name"], json.loads(c["arguments"])) for c in found] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {"city": "Paris"}),
+    ]
+    assert len({c["id"] for c in found}) == 2
 
 
 @pytest.mark.parametrize("family", names)
@@ -362,3 +432,74 @@ def test_reasoning_effort_reaches_the_harmony_system_message(
             messages=ask,
             reasoning_effort="extreme",  # type: ignore[arg-type]
         )
+
+
+V31 = "family-deepseek-v3.1"
+ASKED: Any = [{"role": "user", "content": ASK}]
+
+
+def _chat(url: str, **control: Any) -> tuple[str, str]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(model=V31, messages=ASKED, **control)
+    message = reply.choices[0].message
+    return (message.model_extra or {}).get("reasoning_content") or "", message.content or ""
+
+
+def _responses(url: str, effort: Any) -> tuple[str, str]:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    reply = client.responses.create(model=V31, input=ASK, reasoning={"effort": effort})
+    thought = "".join(
+        part.text
+        for item in reply.output
+        if item.type == "reasoning"
+        for part in item.content or []
+    )
+    return thought, reply.output_text
+
+
+def _claude(url: str, thinking: Any) -> tuple[str, str]:
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    reply = client.messages.create(model=V31, max_tokens=2048, messages=ASKED, thinking=thinking)
+    thought = "".join(b.thinking for b in reply.content if b.type == "thinking")
+    return thought, "".join(b.text for b in reply.content if b.type == "text")
+
+
+def _ollama(url: str, think: bool) -> tuple[str, str]:
+    reply = ollama.Client(host=url).chat(model=V31, messages=ASKED, think=think, stream=False)
+    return reply.message.thinking or "", reply.message.content or ""
+
+
+# Each dialect's thinking control, and whether it turns thinking on (V3.1's default is off).
+CONTROLS: dict[str, tuple[Callable[[str], tuple[str, str]], bool]] = {
+    "no control": (lambda url: _chat(url), False),
+    "openai reasoning_effort high": (lambda url: _chat(url, reasoning_effort="high"), True),
+    "openai reasoning_effort none": (lambda url: _chat(url, reasoning_effort="none"), False),
+    "openai chat_template_kwargs enable_thinking": (
+        lambda url: _chat(url, extra_body={"chat_template_kwargs": {"enable_thinking": True}}),
+        True,
+    ),
+    "openai chat_template_kwargs thinking off": (
+        lambda url: _chat(url, extra_body={"chat_template_kwargs": {"thinking": False}}),
+        False,
+    ),
+    "responses reasoning.effort": (lambda url: _responses(url, "medium"), True),
+    "claude thinking enabled": (
+        lambda url: _claude(url, {"type": "enabled", "budget_tokens": 1024}),
+        True,
+    ),
+    "claude thinking disabled": (lambda url: _claude(url, {"type": "disabled"}), False),
+    "ollama think": (lambda url: _ollama(url, True), True),
+    "ollama think false": (lambda url: _ollama(url, False), False),
+}
+
+
+@pytest.mark.parametrize("control", CONTROLS)
+def test_every_dialects_thinking_control_reaches_a_template_that_names_it_thinking(
+    node: tuple[str, FamilyEngine], control: str
+) -> None:
+    url, engine = node
+    ask, thinks = CONTROLS[control]
+    thought, text = ask(url)
+    assert engine.prompts[-1].endswith("<think>" if thinks else "</think>")
+    # Started inside the think block, the parser reads the model's first words as thinking.
+    assert (thought, text) == ((THOUGHT if thinks else ""), ANSWER)

@@ -313,6 +313,14 @@ KIMI_K2 = {
     ]
 }
 
+DEEPSEEK_V31 = {  # thinking switched by a bare `thinking`; its tool format is the engine's own
+    "chat_template": (
+        "{% if not thinking is defined %}{% set thinking = false %}{% endif %}"
+        "{% if add_generation_prompt %}{% if thinking %}<think>{% else %}</think>{% endif %}"
+        "{% endif %}"
+    ),
+    "added_tokens_decoder": _added("<think>", "</think>"),
+}
 GPT_OSS = {  # Harmony: no markers in the template mlx-lm knows; the vocabulary tells
     "chat_template": "{{ messages }}",
     "added_tokens_decoder": _added(
@@ -332,11 +340,12 @@ GPT_OSS = {  # Harmony: no markers in the template mlx-lm knows; the vocabulary 
         ),
         (MINIMAX_M2, "minimax_m2", "think", {Capability.THINKING, Capability.TOOLS}),
         (KIMI_K2, "kimi_k2", None, {Capability.TOOLS}),  # the "default" named template
+        (DEEPSEEK_V31, None, "think", {Capability.THINKING, Capability.THINKING_TOGGLE}),
         (GPT_OSS, "harmony", None, {Capability.THINKING, Capability.TOOLS}),
         ({"chat_template": "{{ messages }}"}, None, None, set()),
         ({}, None, None, set()),
     ],
-    ids=["qwen3", "minimax_m2", "kimi_k2", "gpt_oss", "plain", "none"],
+    ids=["qwen3", "minimax_m2", "kimi_k2", "deepseek_v31", "gpt_oss", "plain", "none"],
 )
 def test_a_custom_card_detects_its_parsers_from_the_tokenizer_config(
     tokenizer_config: dict[str, object],

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import json
+import re
 from collections.abc import Callable, Collection, Sequence
 
 from exo_core.generation import (
@@ -34,6 +35,21 @@ HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call
 def speaks_harmony(vocabulary: Collection[str]) -> bool:
     """Whether a tokenizer vocabulary carries Harmony's markers (gpt-oss)."""
     return all(marker in vocabulary for marker in HARMONY_MARKERS)
+
+
+# The variable a chat template switches thinking with: `enable_thinking` in most (Qwen 3, GLM,
+# Nemotron 3), a bare `thinking` in DeepSeek V3.1's. Read from the Jinja tags only (comments
+# and text do not count), and not as an attribute or a string (`m.thinking`, `'thinking'`).
+_JINJA_TAG = re.compile(r"\{[{%](.*?)[}%]\}", re.DOTALL)
+_BARE_THINKING = re.compile(r"(?<![\w.'\"])thinking(?![\w'\"])")
+
+
+def thinking_switch(template: str) -> str | None:
+    """The template variable that turns thinking on and off, or None when it reads neither."""
+    if "enable_thinking" in template:
+        return "enable_thinking"
+    tags = _JINJA_TAG.findall(template)
+    return "thinking" if any(_BARE_THINKING.search(tag) for tag in tags) else None
 
 
 class OutputParser(abc.ABC):

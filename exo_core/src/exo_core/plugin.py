@@ -118,6 +118,7 @@ from exo_core.parsers import (
     read_hermes,
     speaks_harmony,
     split_held,
+    thinking_switch,
     tool_call,
 )
 from exo_core.paths import (
@@ -389,6 +390,7 @@ __all__ = [
     "sse",
     "start_rank_reader",
     "start_request_reader",
+    "thinking_switch",
     "tool_call",
     "usable_cores",
 ]

@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
@@ -32,7 +33,8 @@ from exo_engine_mlx.output import family_parser, opens_thinking, tool_format
 from exo_engine_mlx.prompt import encode, render
 from exo_engine_mlx.testing import ScriptedOutput
 from exo_engine_mlx.textstream import TextStream
-from exo_engine_mlx.tiny_model import make_tiny_tokenizer
+from exo_engine_mlx.tiny_model import THINKING_SWITCH_TEMPLATE, make_tiny_tokenizer
+from exo_engine_mlx.tool_formats import parse_toolcall_list
 
 TASK = TaskId("task")
 WEATHER = ToolSpec(
@@ -231,6 +233,17 @@ FAMILIES = [
         "</｜DSML｜invoke>\n"
         "</｜DSML｜function_calls>",
     ),
+    # Nemotron Nano 9B v2: every call in one JSON list. The markers are plain text here (the
+    # template names them), so they reach the parser split over several tokens.
+    Family(
+        "nemotron-h (<TOOLCALL> list)",
+        "nemotron_toolcall",
+        ("<think>", "</think>"),
+        "<TOOLCALL>[{{ tool_call.name }}]</TOOLCALL>",
+        THINK + "Checking both."
+        '<TOOLCALL>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, '
+        '{"name": "get_weather", "arguments": {"city": "Rome", "days": 1}}]</TOOLCALL>',
+    ),
     Family(
         "deepseek-r1 style (template opens the think block)",
         "json_tools",
@@ -326,6 +339,51 @@ def test_a_prompt_that_opens_the_think_block_starts_the_parser_inside() -> None:
     assert not opens_thinking("<think>\n\n</think>\n\n", "<think>", "</think>")
     assert not opens_thinking("a <think> b", "<think>", "</think>")
     assert not opens_thinking("no tags", "<think>", "</think>")
+
+
+@pytest.fixture(scope="module")
+def switched(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tokenizer whose template switches thinking with `thinking`, as DeepSeek V3.1's does."""
+    out = tmp_path_factory.mktemp("switched")
+    make_tiny_tokenizer(
+        out,
+        special_tokens=("<think>", "</think>"),
+        chat_template=THINKING_SWITCH_TEMPLATE,
+        corpus=["Paris first, then Rome.</think>Checking both."],
+    )
+    return load_tokenizer(out)
+
+
+def thinking(enable: bool | None) -> GenerationParams:
+    return msgspec.structs.replace(params(tools=False), enable_thinking=enable)
+
+
+@pytest.mark.parametrize(
+    ("enable", "ending"), [(True, "<think>"), (False, "</think>"), (None, "</think>")]
+)
+def test_the_thinking_switch_reaches_a_template_that_names_it_thinking(
+    switched: Any, enable: bool | None, ending: str
+) -> None:
+    # None leaves the template's own default (off for V3.1).
+    assert render(switched, thinking(enable)).endswith(f"<|im_start|>assistant\n{ending}")
+
+
+def test_switched_on_thinking_starts_the_parser_inside_the_block(switched: Any) -> None:
+    out = stream(switched, thinking(True), "Paris first, then Rome.</think>Checking both.")
+    assert joined(out, ThinkingChunk) == "Paris first, then Rome."
+    assert joined(out, TextChunk) == "Checking both."
+    off = stream(switched, thinking(False), "Checking both.")
+    assert not any(isinstance(c, ThinkingChunk) for c in off)
+    assert joined(off, TextChunk) == "Checking both."
+
+
+def test_a_toolcall_block_is_a_list_of_calls_or_one_call() -> None:
+    one = '{"name": "f", "arguments": {"x": 1}}'
+    assert parse_toolcall_list(f"[{one}, {one}]") == [{"name": "f", "arguments": {"x": 1}}] * 2
+    assert parse_toolcall_list(one) == [{"name": "f", "arguments": {"x": 1}}]
+    for refused in ("[]", '"f"', "[1]", "not json"):
+        with pytest.raises(ValueError):
+            parse_toolcall_list(refused)
 
 
 def test_the_batch_engine_parses_and_counts_reasoning_tokens(

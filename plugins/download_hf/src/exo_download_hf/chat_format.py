@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exo_core.plugin import Capability, speaks_harmony
+from exo_core.plugin import Capability, speaks_harmony, thinking_switch
 
 # mlx-lm's tool parser whose format one of the core's output parsers reads: the card names
 # the core's parser, so the node parses it too (as the built-in cards do).
@@ -81,7 +81,7 @@ def detect(tokenizer_config: dict[str, Any], template_file: str | None = None) -
     capabilities: list[Capability] = []
     if think_start is not None:
         capabilities.append(Capability.THINKING)
-    if "enable_thinking" in template:
+    if thinking_switch(template) is not None:  # `enable_thinking`, or DeepSeek V3.1's `thinking`
         capabilities.append(Capability.THINKING_TOGGLE)
     if tool is not None or "tools" in template:
         capabilities.append(Capability.TOOLS)

@@ -2,10 +2,10 @@
 
 mlx-lm's tokenizer wrapper knows each family's think markers (`<think>`, `<longcat_think>`,
 Gemma's `<|channel>thought`, ...) and its tool-call format (`tool_parsers/`: JSON, Qwen3-Coder
-XML, GLM, Kimi K2, MiniMax, Mistral, pythonic, ...); DeepSeek's formats, which it lacks, are
-in `tool_formats.py`, gpt-oss's Harmony channels in `harmony.py`. The runner parses with them
-on its own side, so the dialects receive thinking and tool-call chunks for every family whose
-tokenizer names its format.
+XML, GLM, Kimi K2, MiniMax, Mistral, pythonic, ...); DeepSeek's and Nemotron-H's formats,
+which it lacks, are in `tool_formats.py`, gpt-oss's Harmony channels in `harmony.py`. The
+runner parses with them on its own side, so the dialects receive thinking and tool-call
+chunks for every family whose tokenizer names its format.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exo_core.plugin import ChatMessage, GenerationParams
+from exo_core.plugin import ChatMessage, GenerationParams, thinking_switch
 from exo_engine_mlx.harmony_encoding import is_harmony
 
 
@@ -62,7 +62,8 @@ def render(tokenizer: Any, params: GenerationParams) -> str:
 
         return render_harmony(params)
     messages = [template_message(m) for m in params.messages]
-    if getattr(tokenizer, "chat_template", None) is None:
+    template = getattr(tokenizer, "chat_template", None)
+    if template is None:
         # No template: a plain transcript the model can continue.
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join([*lines, "assistant:"])
@@ -71,7 +72,9 @@ def render(tokenizer: Any, params: GenerationParams) -> str:
     if tools:
         kwargs["tools"] = tools
     if params.enable_thinking is not None:
-        kwargs["enable_thinking"] = params.enable_thinking
+        # Every dialect's thinking control, under the name this template reads it by.
+        switch = thinking_switch(template) if isinstance(template, str) else None
+        kwargs[switch or "enable_thinking"] = params.enable_thinking
     if params.reasoning_effort is not None:
         kwargs["reasoning_effort"] = params.reasoning_effort
     try:

@@ -20,6 +20,14 @@ CHAT_TEMPLATE = (
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Thinking switched the way DeepSeek V3.1's template switches it: a `thinking` variable (off
+# unless given), the answer's header then followed by `<think>` when on and `</think>` when off.
+THINKING_SWITCH_TEMPLATE = (
+    "{%- if thinking is not defined %}{% set thinking = false %}{% endif -%}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if thinking %}<think>{% else %}</think>{% endif %}{% endif %}"
+)
 # gpt-oss's Harmony format, as its documentation shows it: a system message with the reasoning
 # effort, the tools as a `functions` namespace, calls as messages `to=functions.name` ended by
 # `<|call|>`, tool results from `functions.name`; the answer's header is left open. It stands in

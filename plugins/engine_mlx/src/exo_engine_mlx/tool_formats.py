@@ -1,9 +1,10 @@
 # ruff: noqa: RUF001, RUF003  (DeepSeek's markers are fullwidth characters by design)
 """Tool-call formats of families that mlx-lm's tool parsers do not cover.
 
-mlx-lm reads most families' tool calls (see `output.py`); DeepSeek's two formats are read
-here, in the same shape as mlx-lm's parsers (`parse(text, tools)` -> dicts), and found the
-same way: by the markers the tokenizer's chat template or vocabulary carries.
+mlx-lm reads most families' tool calls (see `output.py`); DeepSeek's two formats and
+Nemotron-H's `<TOOLCALL>` list are read here, in the same shape as mlx-lm's parsers
+(`parse(text, tools)` -> dicts), and found the same way: by the markers the tokenizer's chat
+template or vocabulary carries.
 """
 
 from __future__ import annotations
@@ -67,9 +68,20 @@ def parse_deepseek_v3(text: str, tools: Any = None) -> list[dict[str, Any]]:
     return calls
 
 
+# Nemotron-H (Nemotron Nano 9B v2): <TOOLCALL>[{"name": "f", "arguments": {...}}, ...]</TOOLCALL>,
+# every call of the turn in one JSON list.
+def parse_toolcall_list(text: str, tools: Any = None) -> list[dict[str, Any]]:
+    data = json.loads(text)
+    calls = [data] if isinstance(data, dict) else data  # a lone object: one call
+    if not isinstance(calls, list) or not calls or not all(isinstance(c, dict) for c in calls):
+        raise ValueError("a <TOOLCALL> block holds a JSON list of calls")
+    return [{"name": c.get("name"), "arguments": c.get("arguments", {})} for c in calls]
+
+
 FORMATS = (
     ToolFormat("deepseek_v32", f"<{DSML}function_calls>", f"</{DSML}function_calls>", parse_dsml),
     ToolFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", parse_deepseek_v3),
+    ToolFormat("nemotron_toolcall", "<TOOLCALL>", "</TOOLCALL>", parse_toolcall_list),
 )
 
 
