@@ -107,6 +107,17 @@ def test_think() -> None:
         translate.chat_params(_chat(**base, think=True), ECHO)
 
 
+def test_think_level_is_the_reasoning_effort() -> None:
+    base: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}]}
+    for level in ("low", "medium", "high"):
+        params = translate.chat_params(_chat(**base, think=level), THINKER)
+        assert params.reasoning_effort == level
+        generated = translate.generate_params(_generate(prompt="x", think=level), THINKER)
+        assert generated.reasoning_effort == level
+    assert translate.chat_params(_chat(**base, think=True), THINKER).reasoning_effort is None
+    assert translate.chat_params(_chat(**base), THINKER).reasoning_effort is None
+
+
 def test_generate_modes() -> None:
     templated = translate.generate_params(_generate(prompt="hi", system="sys"), ECHO)
     assert [m.role for m in templated.messages] == ["system", "user"] and templated.prompt is None

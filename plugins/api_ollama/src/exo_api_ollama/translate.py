@@ -182,6 +182,12 @@ def thinking(think: Think | None, card: ModelCard) -> bool | None:
     return True
 
 
+def effort(think: Think | None) -> str | None:
+    """A `think` level ("low", "medium", "high") is the reasoning effort too (gpt-oss's
+    Harmony `Reasoning:`); true/false leave the model's default effort."""
+    return think if isinstance(think, str) else None
+
+
 def _refuse_format(fmt: str | dict[str, Any] | None) -> None:
     if fmt:
         raise InvalidRequest("format (JSON mode and structured outputs) is not supported by exo")
@@ -199,6 +205,7 @@ def chat_params(req: ChatRequest, card: ModelCard) -> GenerationParams:
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
         enable_thinking=thinking(req.think, card),
+        reasoning_effort=effort(req.think),
     )
 
 
@@ -218,6 +225,7 @@ def generate_params(req: GenerateRequest, card: ModelCard) -> GenerationParams:
         "logprobs": bool(req.logprobs),
         "top_logprobs": req.top_logprobs or 0,
         "enable_thinking": thinking(req.think, card),
+        "reasoning_effort": effort(req.think),
     }
     if req.raw:
         if req.images:
