@@ -102,7 +102,7 @@ def test_one_token_steps_match_uncompiled(tiny_dir: Path, weights: str) -> None:
     # On the kernels q/k/v and gate/up run as one call each (bit for bit the same outputs).
     fused = [len(fused_projections(b)) for b in model.model.layers]
     assert fused == ([2, 2, 2] if weights == "kernels" else [0, 0, 0])
-    # On the kernels a one-row step also folds norms, rotary, SwiGLU and residuals into them.
+    # On the kernels a decode step also folds norms, rotary, SwiGLU and residuals into them.
     folded = [folds_row_work(b) for b in model.model.layers]
     assert folded == [weights == "kernels"] * 3
     prompt = tokenizer.encode("the quick brown fox")
@@ -112,7 +112,8 @@ def test_one_token_steps_match_uncompiled(tiny_dir: Path, weights: str) -> None:
     for got, want in zip(compiled, plain, strict=True):
         scale = float(np.abs(np.array(want)).max())
         assert mx.allclose(got, want, rtol=1e-5, atol=1e-5 * scale)
-    # Continuous batching: three prompts of different lengths, left-padded, stepped together.
+    # Continuous batching: three prompts of different lengths, left-padded, stepped together
+    # (folded: each row rotated by its own offset).
     together = batch_texts(model, tokenizer, 12)
     with uncompiled(model):
         assert batch_texts(model, tokenizer, 12) == together

@@ -9,13 +9,15 @@ rope with the offset passed as an array so that a new position is not a new grap
 after attention (output projection, residual, norm, MLP, residual). The cache update and the
 attention itself run as before. On exo's CPU kernels the projections that read the same input
 (q/k/v, gate/up) run as one kernel call each (`cpu_kernels.fuse_linears`: bit for bit the same
-outputs, 4 kernel calls a layer instead of 7). A one-row step (single-stream decode) also folds
-the row-wise work into those calls (`FusedLinear.with_row_work`): the RMSNorms into the q/k/v
-and gate/up calls, the rotary embedding (plain nn.RoPE) into q/k/v's, which also hands q/k/v
-over already split by head, SwiGLU into the down projection's, the residual adds into the
-output and down projections': a SmolLM2 step is 562 primitives instead of 2512 (equal up to
-float32 rounding of the norms, the activation and sin/cos; EXO_FUSE_ROW_WORK=off keeps the
-separate ops).
+outputs, 4 kernel calls a layer instead of 7). The step also folds the row-wise work into those
+calls (`FusedLinear.with_row_work`): the RMSNorms into the q/k/v and gate/up calls, the rotary
+embedding (plain nn.RoPE) into q/k/v's, which also hands q/k/v over already split by head,
+SwiGLU into the down projection's, the residual adds into the output and down projections': a
+SmolLM2 step is 562 primitives instead of 2512 (equal up to float32 rounding of the norms, the
+activation and sin/cos; EXO_FUSE_ROW_WORK=off keeps the separate ops). A batch's step (several
+streams, one row each, each rotated by its own offset) folds the same way while the kernel is
+cheaper than dequantize + BLAS for its rows: at 8 streams ~18 % less CPU a step
+(bench/profile_batch_step.py).
 
 Only a one-token step (decode) takes this path; a prefill (many tokens) runs the layer as
 mlx-lm wrote it. Graphs are traced once per batch size (the runner's warm-up traces one row).
@@ -47,7 +49,7 @@ def compile_requested(env: Mapping[str, str] | None = None) -> bool:
 
 
 def row_work_requested(env: Mapping[str, str] | None = None) -> bool:
-    """Whether a one-row step folds norms, activation and residual adds into the kernel calls."""
+    """Whether a decode step folds norms, activation and residual adds into the kernel calls."""
     env = os.environ if env is None else env
     return env.get("EXO_FUSE_ROW_WORK", "auto").strip().lower() not in _OFF
 
@@ -72,7 +74,7 @@ class _Fused:
 
     def row_work(self, layer: llama.TransformerBlock) -> bool:
         """Whether every projection is a kernel call and both norms are plain RMSNorms (then
-        a one-row step runs the block as 4 primitives around the attention)."""
+        a decode step runs the block as 4 primitives around the attention)."""
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         calls = (self.qkv, self.gate_up, self.o_proj, self.down)
         return all(c is not None for c in calls) and all(type(n) is nn.RMSNorm for n in norms)
@@ -139,7 +141,7 @@ def _compile_layer(layer: llama.TransformerBlock) -> _Graphs:
         return mlp.down_proj(swiglu(gate, up))
 
     def block_rest(x: mx.array, attended: mx.array) -> mx.array:
-        # One row: 3 primitives (o_proj + residual, norm + gate/up, SwiGLU + down + residual).
+        # 3 primitives (o_proj + residual, norm + gate/up, SwiGLU + down + residual).
         assert fused.o_proj and fused.gate_up and fused.down  # folds() checked them
         (h,) = fused.o_proj.with_row_work(attended, residual=x)
         norm = layer.post_attention_layernorm
@@ -202,7 +204,7 @@ def fused_projections(block: nn.Module) -> list[FusedLinear]:
 
 
 def folds_row_work(block: nn.Module) -> bool:
-    """Whether `block`'s one-row step runs as 4 kernel primitives (norms, rotary, activation
+    """Whether `block`'s decode step runs as 4 kernel primitives (norms, rotary, activation
     and residual adds folded in) around the attention."""
     fused: _Fused | None = getattr(block, "_fused", None)
     return fused is not None and fused.row_work(block) and row_work_requested()  # type: ignore[arg-type]
