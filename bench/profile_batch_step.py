@@ -86,7 +86,9 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         return e
 
     modes = ("unfolded", "folded")
-    print(f"== 1. decode step, {streams} streams, {steps} tokens, {' vs '.join(modes)}, alternating")
+    print(
+        f"== 1. decode step, {streams} streams, {steps} tokens, {' vs '.join(modes)}, alternating"
+    )
     figures: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     texts: dict[str, dict[str, str]] = {}
     for r in range(rounds):
