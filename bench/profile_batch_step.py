@@ -8,8 +8,9 @@ runner-like process (no server; the runner's fast BLAS preloaded through `runner
    mlx-lm's own sampling path + MLX's attention ("old") against this engine's shared greedy
    sampler + grouped-head attention ("new"); the greedy texts must be identical.
 2. The pieces of one step, each timed alone on the engine's own batch cache: the forward
-   without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old
-   and new), the cache update.
+   without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old;
+   new as MLX ops; new as the kernels' primitive unless EXO_FUSED_ATTENTION=off), the cache
+   update.
 3. The prefill of N prompts of ~45 tokens: the forward with cpu_kernels' choice of kernel or
    dequantize + BLAS per layer (its cost model) and with the kernels for every layer, then the
    dequantize calls and the sgemm calls alone (what the BLAS threads can speed up).
@@ -134,12 +135,21 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         mask = create_causal_mask(1, offset=c0._idx - 1, left_padding=c0.left_padding)
         mx.eval(q, keys, values, mask)
         scale = layer.self_attn.scale
-        for name, fn in (("old", old_attention), ("new", new_attention)):
+        for name, fn, fused in (
+            ("old", old_attention, "off"),
+            ("new, MLX ops", new_attention, "off"),
+            ("new", new_attention, os.environ.get("EXO_FUSED_ATTENTION", "auto")),
+        ):
 
             def layers(fn: Callable[..., Any] = fn) -> None:
                 mx.eval([fn(q, keys, values, scale=scale, mask=mask) for _ in range(30)])
 
+            setting = os.environ.get("EXO_FUSED_ATTENTION")
+            os.environ["EXO_FUSED_ATTENTION"] = fused  # the kernel's primitive, or not
             _line(f"attention x30 layers, {name} (keys {keys.shape[2]})", _timed(layers, 5))
+            os.environ.pop("EXO_FUSED_ATTENTION")
+            if setting is not None:
+                os.environ["EXO_FUSED_ATTENTION"] = setting
 
     print(f"== 3. prefill of {streams} prompts x 45 tokens")
     from mlx_lm.models.cache import BatchKVCache
