@@ -52,6 +52,7 @@ def _line(name: str, ms: tuple[float, float]) -> None:
 
 def profile(streams: int, steps: int, rounds: int) -> None:
     import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.base import create_causal_mask
 
     import exo_mlx_cpu_kernels as kernels
@@ -114,7 +115,9 @@ def profile(streams: int, steps: int, rounds: int) -> None:
     e = engine("new", 400)
     for _ in range(8):
         e.step()
-    batch: Any = e._generator._generation_batch
+    generator = e._generator
+    assert isinstance(generator, BatchGenerator)  # several slots: not the one-stream generator
+    batch: Any = generator._generation_batch
     cache, x = batch.prompt_cache, batch._next_tokens[:, None]
     mx.eval(x)
     _line("engine step (whole)", _timed(e.step, 10))

@@ -13,6 +13,7 @@ import mlx.core as mx
 import mlx_lm
 import numpy as np
 import pytest
+from mlx_lm.generate import BatchGenerator
 
 import exo_mlx_cpu_kernels as kernels
 from exo_core.plugin import ChatMessage, GenerationParams, SamplingParams, TaskId, TextChunk
@@ -107,7 +108,9 @@ def test_greedy_batch_skips_the_normalisation_and_keeps_the_text(
 
     monkeypatch.setattr(mx, "logsumexp", counted)
     engine = BatchEngine(*loaded, max_concurrent=4)
-    assert isinstance(engine._generator._generation_batch, ExoGenerationBatch)
+    generator = engine._generator
+    assert isinstance(generator, BatchGenerator)  # 4 slots: not the one-stream generator
+    assert isinstance(generator._generation_batch, ExoGenerationBatch)
     together = run(engine, {p: params(p) for p in PROMPTS})
     assert {p: text(c) for p, c in together.items()} == solo
     # Only a sequence's first token (mlx-lm's own step, when it joins the batch) normalises:
