@@ -81,32 +81,28 @@ def test_any_strides(path: str) -> None:
 
 
 @pytest.mark.parametrize("mask_kind", ["bool", "additive"])
-def test_a_row_alone_equals_it_in_a_left_padded_batch(path: str, mask_kind: str) -> None:
-    keys = 45
-    q_row = _normal(1, HEADS, 1, DIM, seed=10)
+@pytest.mark.parametrize("keys", [45, 301])
+@pytest.mark.parametrize("pad", range(1, 9))  # every shift of the keys against 8 lanes
+def test_a_row_alone_equals_it_in_a_left_padded_batch(
+    path: str, mask_kind: str, keys: int, pad: int
+) -> None:
+    q_row = _normal(1, HEADS, 1, DIM, seed=keys)
     k_row, v_row = _cache_view(1, keys, 11), _cache_view(1, keys, 12)
     alone = kernels.decode_attention(q_row, k_row, v_row, SCALE)
-    # Row 1 of a batch of 3 whose longest sequence has 58 keys: 13 keys of padding before it.
-    width, pad = 58, 13
+    # Row 1 of a batch of 3 whose longest sequence has `pad` more keys (its padding: any values).
+    width = keys + pad
     q = mx.concatenate(
         [_normal(1, HEADS, 1, DIM, seed=13), q_row, _normal(1, HEADS, 1, DIM, seed=14)]
     )
-    padded = [_normal(1, KV_HEADS, width, DIM, seed=s) for s in (15, 16)]
-    k = mx.concatenate(
-        [
-            _cache_view(1, width, 17),
-            mx.concatenate([padded[0][..., :pad, :], k_row], 2),
-            _cache_view(1, width, 18),
-        ]
-    )
-    v = mx.concatenate(
-        [
-            _cache_view(1, width, 19),
-            mx.concatenate([padded[1][..., :pad, :], v_row], 2),
-            _cache_view(1, width, 20),
-        ]
-    )
-    allowed = mx.array([0, pad, 5])[:, None, None, None] <= mx.arange(width)[None, None, None, :]
+
+    def batch_of(row: mx.array, seed: int) -> mx.array:
+        padding = _normal(1, KV_HEADS, pad, DIM, seed=seed)
+        others = [_cache_view(1, width, seed + s) for s in (1, 2)]
+        return mx.concatenate([others[0], mx.concatenate([padding, row], 2), others[1]])
+
+    k, v = batch_of(k_row, 15), batch_of(v_row, 18)
+    starts = mx.array([0, pad, pad // 2])[:, None, None, None]
+    allowed = starts <= mx.arange(width)[None, None, None, :]
     mask = allowed if mask_kind == "bool" else mx.where(allowed, 0.0, -mx.inf)
     batched = kernels.decode_attention(q, k, v, SCALE, mask)
     assert np.array_equal(np.array(batched[1:2]), np.array(alone))

@@ -12,7 +12,9 @@ heads) at 8 rows this takes ~40 % less CPU than the fast path (bench/profiles/ba
 
 Where exo's CPU kernels are built, a float32 step on the CPU runs all of that as one primitive
 (`exo_mlx_cpu_kernels.decode_attention`: the same arithmetic, equal up to float32 rounding, a
-row's output independent of its batch) instead of ~8-10 MLX ops a layer.
+row's output independent of its batch) instead of ~8-10 MLX ops a layer: on SmolLM2 at 8 rows
+and 72 keys, 30 layers' attention took 5.7 ms of CPU instead of 16.1 (bench/profile_batch_step.py
+section 2, loaded 2-core machine).
 EXO_FUSED_ATTENTION=auto (default) | off: the MLX ops below.
 """
 
