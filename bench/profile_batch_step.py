@@ -10,8 +10,9 @@ runner-like process (no server; the runner's fast BLAS preloaded through `runner
    ("folded"); the greedy texts of the two are printed side by side (equal up to float32
    rounding, so a near-tie may flip a token).
 2. The pieces of one step, each timed alone on the engine's own batch cache: the forward
-   without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old
-   and new), the cache update.
+   without the head, the head, the vocabulary-wide normalisation, the per-layer attention (old;
+   new as MLX ops; new as the kernels' primitive unless EXO_FUSED_ATTENTION=off), the cache
+   update.
 3. The prefill of N prompts of ~45 tokens: the forward with cpu_kernels' choice of kernel or
    dequantize + BLAS per layer (its cost model) and with the kernels for every layer, then the
    dequantize calls and the sgemm calls alone (what the BLAS threads can speed up).
@@ -53,6 +54,7 @@ def _line(name: str, ms: tuple[float, float]) -> None:
 
 def profile(streams: int, steps: int, rounds: int) -> None:
     import mlx.core as mx
+    from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.base import create_causal_mask
 
     import exo_mlx_cpu_kernels as kernels
@@ -118,7 +120,9 @@ def profile(streams: int, steps: int, rounds: int) -> None:
     e = engine("folded", 400)
     for _ in range(8):
         e.step()
-    batch: Any = e._generator._generation_batch
+    generator = e._generator
+    assert isinstance(generator, BatchGenerator)  # several slots: not the one-stream generator
+    batch: Any = generator._generation_batch
     cache, x = batch.prompt_cache, batch._next_tokens[:, None]
     mx.eval(x)
     _line("engine step (whole)", _timed(e.step, 10))
@@ -139,12 +143,21 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         mask = create_causal_mask(1, offset=c0._idx - 1, left_padding=c0.left_padding)
         mx.eval(q, keys, values, mask)
         scale = layer.self_attn.scale
-        for name, fn in (("old", old_attention), ("new", new_attention)):
+        for name, fn, fused in (
+            ("old", old_attention, "off"),
+            ("new, MLX ops", new_attention, "off"),
+            ("new", new_attention, os.environ.get("EXO_FUSED_ATTENTION", "auto")),
+        ):
 
             def layers(fn: Callable[..., Any] = fn) -> None:
                 mx.eval([fn(q, keys, values, scale=scale, mask=mask) for _ in range(30)])
 
+            setting = os.environ.get("EXO_FUSED_ATTENTION")
+            os.environ["EXO_FUSED_ATTENTION"] = fused  # the kernel's primitive, or not
             _line(f"attention x30 layers, {name} (keys {keys.shape[2]})", _timed(layers, 5))
+            os.environ.pop("EXO_FUSED_ATTENTION")
+            if setting is not None:
+                os.environ["EXO_FUSED_ATTENTION"] = setting
 
     print(f"== 3. prefill of {streams} prompts x 45 tokens")
     from mlx_lm.models.cache import BatchKVCache

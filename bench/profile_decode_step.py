@@ -3,8 +3,9 @@
     uv run python bench/profile_decode_step.py [--steps 30]
 
 Loads the model as a runner does (kernels or dense, per EXO_CPU_KERNELS / EXO_DENSE; the
-compiled one-token step per EXO_COMPILE_STEP; the runner's fast BLAS through `runner_env`), then
-times:
+compiled one-token step per EXO_COMPILE_STEP; the runner's fast BLAS through `runner_env`), with
+each of the step's foldings switched off in turn (EXO_FUSE_ROW_WORK, EXO_FUSED_ATTENTION,
+EXO_COMPILE_STEP, EXO_CPU_KERNELS), then times:
   * the whole one-token step (model forward + eval) with a KV cache of a short prompt, in wall
     time and in CPU time of the whole process (all its threads: on a loaded machine the CPU
     time shows the work, the wall time also the waiting for a core);
@@ -124,15 +125,17 @@ def main() -> None:
     from exo_engine_mlx.blas import runner_env
 
     print(f"load average {os.getloadavg()[0]:.1f}")
-    # (kernels, compiled step, fold the row-wise work into the kernel calls)
-    modes = [("auto", "auto", "auto"), ("auto", "auto", "off"), ("auto", "off", "auto")]
-    modes.append(("off", "auto", "auto"))
-    for kernels_mode, compile_mode, fold_mode in modes:
+    # (kernels, compiled step, fold the row-wise work into the kernel calls, fused attention)
+    modes = [("auto", "auto", "auto", "auto"), ("auto", "auto", "auto", "off")]
+    modes += [("auto", "auto", "off", "auto"), ("auto", "off", "auto", "auto")]
+    modes.append(("off", "auto", "auto", "auto"))
+    for kernels_mode, compile_mode, fold_mode, attention_mode in modes:
         env = {**runner_env(), CHILD: "1", "EXO_CPU_KERNELS": kernels_mode}
         env["EXO_COMPILE_STEP"] = compile_mode
         env["EXO_FUSE_ROW_WORK"] = fold_mode
+        env["EXO_FUSED_ATTENTION"] = attention_mode
         print(f"\n== EXO_CPU_KERNELS={kernels_mode} EXO_COMPILE_STEP={compile_mode} ", end="")
-        print(f"EXO_FUSE_ROW_WORK={fold_mode}", flush=True)
+        print(f"EXO_FUSE_ROW_WORK={fold_mode} EXO_FUSED_ATTENTION={attention_mode}", flush=True)
         subprocess.run([sys.executable, __file__, "--steps", str(args.steps)], env=env, check=True)
 
 

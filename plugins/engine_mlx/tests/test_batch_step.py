@@ -11,10 +11,13 @@ from typing import Any
 
 import mlx.core as mx
 import mlx_lm
+import numpy as np
 import pytest
+from mlx_lm.generate import BatchGenerator
 
+import exo_mlx_cpu_kernels as kernels
 from exo_core.plugin import ChatMessage, GenerationParams, SamplingParams, TaskId, TextChunk
-from exo_engine_mlx.attention import decode_attention
+from exo_engine_mlx.attention import decode_attention, fused_attention_requested
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.blas import runner_env
 from exo_engine_mlx.generation_batch import ExoGenerationBatch
@@ -56,9 +59,18 @@ def text(chunks: list[TextChunk]) -> str:
     [(1, 9, 3, 40, 64), (8, 9, 3, 160, 64), (3, 32, 8, 77, 64), (2, 4, 4, 10, 32)],
 )
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "additive"])
+@pytest.mark.parametrize("fused", ["auto", "off"])
 def test_decode_attention_equals_mlx(
-    batch: int, heads: int, kv_heads: int, keys: int, dim: int, mask_kind: str
+    batch: int,
+    heads: int,
+    kv_heads: int,
+    keys: int,
+    dim: int,
+    mask_kind: str,
+    fused: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("EXO_FUSED_ATTENTION", fused)
     mx.random.seed(batch * heads + keys)
     q = mx.random.normal((batch, heads, 1, dim))
     # Keys and values as a cache holds them: a slice of a longer buffer.
@@ -71,6 +83,15 @@ def test_decode_attention_equals_mlx(
     got = decode_attention(q, k, v, scale=dim**-0.5, mask=mask)
     assert got.shape == want.shape
     assert mx.allclose(got, want, rtol=1e-5, atol=1e-6).item()
+    if fused == "auto" and kernels.available() and heads != kv_heads:  # the kernel's primitive
+        kernel = kernels.decode_attention(q, k, v, dim**-0.5, mask)
+        assert np.array_equal(np.array(got), np.array(kernel))
+
+
+def test_fused_attention_setting() -> None:
+    assert fused_attention_requested({})
+    assert fused_attention_requested({"EXO_FUSED_ATTENTION": "auto"})
+    assert not fused_attention_requested({"EXO_FUSED_ATTENTION": " Off "})
 
 
 def test_greedy_batch_skips_the_normalisation_and_keeps_the_text(
@@ -87,7 +108,9 @@ def test_greedy_batch_skips_the_normalisation_and_keeps_the_text(
 
     monkeypatch.setattr(mx, "logsumexp", counted)
     engine = BatchEngine(*loaded, max_concurrent=4)
-    assert isinstance(engine._generator._generation_batch, ExoGenerationBatch)
+    generator = engine._generator
+    assert isinstance(generator, BatchGenerator)  # 4 slots: not the one-stream generator
+    assert isinstance(generator._generation_batch, ExoGenerationBatch)
     together = run(engine, {p: params(p) for p in PROMPTS})
     assert {p: text(c) for p, c in together.items()} == solo
     # Only a sequence's first token (mlx-lm's own step, when it joins the batch) normalises:

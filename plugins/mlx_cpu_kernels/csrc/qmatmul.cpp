@@ -36,10 +36,6 @@
 #include <mutex>
 #include <thread>
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define EXO_X86 1
-#endif
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -177,14 +173,7 @@ void rows_scalar_q8(const Problem& p, int64_t n0, int64_t n1) {
 // ---------------------------------------------------------------- AVX2 + FMA path
 
 #ifdef EXO_X86
-__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  __m128 hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
+using exo_kernels::hsum;
 
 // The integer weights of one group, expanded to floats (8 per vector), into `q`.
 __attribute__((target("avx2,fma"))) inline void expand_group(
@@ -1085,6 +1074,10 @@ mx::array dequantize(
 
 namespace exo_kernels {
 
+bool use_avx2() {
+  return has_avx2();
+}
+
 void matmul_rows(
     const float* x, int64_t M, int64_t K, const uint32_t* w, const float* scales,
     const float* biases, int64_t N, int group_size, int bits, bool int8, float* out) {
@@ -1107,6 +1100,7 @@ void matmul_rows(
 }  // namespace exo_kernels
 
 void register_fused_block(nb::module_& m);
+void register_decode_attention(nb::module_& m);
 
 NB_MODULE(_ext, m) {
   m.doc() = "Vectorised, multi-threaded affine quantized matmul for MLX on the CPU";
@@ -1144,4 +1138,5 @@ NB_MODULE(_ext, m) {
       "Use the portable path even where AVX2 is present (for tests).");
   m.def("simd", []() { return has_avx2() ? "avx2+fma" : "portable"; });
   register_fused_block(m);
+  register_decode_attention(m);
 }

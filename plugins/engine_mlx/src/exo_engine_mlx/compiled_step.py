@@ -6,18 +6,20 @@ kernel), reshapes, the residual adds and the MLP's activation. `mx.compile` fuse
 and replays the layer's graph without rebuilding it in Python. The KV cache grows every token,
 so only the shape-stable parts are compiled: the part before the cache (norm, q/k/v projections,
 rope with the offset passed as an array so that a new position is not a new graph) and the part
-after attention (output projection, residual, norm, MLP, residual). The cache update and the
-attention itself run as before. On exo's CPU kernels the projections that read the same input
-(q/k/v, gate/up) run as one kernel call each (`cpu_kernels.fuse_linears`: bit for bit the same
-outputs, 4 kernel calls a layer instead of 7). The step also folds the row-wise work into those
-calls (`FusedLinear.with_row_work`): the RMSNorms into the q/k/v and gate/up calls, the rotary
+after attention (output projection, residual, norm, MLP, residual). The cache update runs as
+before; the attention groups the query heads (attention.py) and, with exo's CPU kernels built,
+is one kernel primitive a layer instead of ~8 MLX ops (EXO_FUSED_ATTENTION=off: the ops). On
+exo's CPU kernels the projections that read the same input (q/k/v, gate/up) run as one kernel
+call each (`cpu_kernels.fuse_linears`: bit for bit the same outputs, 4 kernel calls a layer
+instead of 7). The step also folds the row-wise work into those calls
+(`FusedLinear.with_row_work`): the RMSNorms into the q/k/v and gate/up calls, the rotary
 embedding (plain nn.RoPE) into q/k/v's, which also hands q/k/v over already split by head,
 SwiGLU into the down projection's, the residual adds into the output and down projections': a
-SmolLM2 step is 562 primitives instead of 2512 (equal up to float32 rounding of the norms, the
-activation and sin/cos; EXO_FUSE_ROW_WORK=off keeps the separate ops). A batch's step (several
-streams, one row each, each rotated by its own offset) folds the same way while the kernel is
-cheaper than dequantize + BLAS for its rows: at 8 streams ~18 % less CPU a step
-(bench/profile_batch_step.py).
+SmolLM2 step is 352 primitives instead of 2302 (562 instead of 2512 with the attention as MLX
+ops; equal up to float32 rounding of the norms, the activation and sin/cos;
+EXO_FUSE_ROW_WORK=off keeps the separate ops). A batch's step (several streams, one row each,
+each rotated by its own offset) folds the same way while the kernel is cheaper than dequantize
++ BLAS for its rows: at 8 streams ~18 % less CPU a step (bench/profile_batch_step.py).
 
 Only a one-token step (decode) takes this path; a prefill (many tokens) runs the layer as
 mlx-lm wrote it. Graphs are traced once per batch size (the runner's warm-up traces one row).
@@ -176,7 +178,7 @@ class CompiledTransformerBlock(llama.TransformerBlock):
         )
         k, v = cache.update_and_fetch(k, v)
         scale = self.self_attn.scale
-        # Grouped query heads as the rows of one product (attention.py): same output, less CPU.
+        # Grouped query heads (attention.py): one kernel primitive, or the rows of one product.
         attended = decode_attention(q, k, v, scale=scale, mask=mask)
         return graphs.after_attention(x, attended)
 

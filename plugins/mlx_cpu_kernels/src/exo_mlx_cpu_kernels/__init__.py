@@ -3,8 +3,10 @@
 MLX's own CPU quantized matmul is scalar and single-threaded. This one (AVX2+FMA when the CPU
 has it, a portable loop otherwise, its own threads over the output rows) computes
 `x @ dequantize(w, scales, biases, group_size, bits).T` in float32 for MLX's affine 4- and
-8-bit layouts with groups of 32, 64 or 128. `available()` is False where the extension was
-not built (no compiler at install time); callers then keep their own path.
+8-bit layouts with groups of 32, 64 or 128. `fused_linear` folds a decode step's row-wise work
+(norms, rotary, SwiGLU, residual adds) into that matmul and `decode_attention` runs a one-token
+step's grouped-head attention over the KV cache, each as one primitive. `available()` is False
+where the extension was not built (no compiler at install time); callers then keep their own path.
 """
 
 from __future__ import annotations
@@ -147,6 +149,15 @@ def fused_linear(
             heads_out,
         )
     )
+
+
+def decode_attention(q: Any, k: Any, v: Any, scale: float, mask: Any = None) -> Any:
+    """softmax((q * scale) k^T, masked) v for one new token, float32, as one MLX primitive:
+    q (B, heads, 1, D), k and v (B, kv heads, N, D) (any strides: the cache's slice views are
+    read in place), heads a multiple of kv heads (grouped query heads), mask None, boolean
+    (False: the key is left out) or additive, broadcastable to (B, 1, 1, N). Equal to MLX's ops
+    up to float32 rounding; a row's output does not depend on its batch or on masked keys."""
+    return _built().decode_attention(q, k, v, scale, mask)
 
 
 def dequantize(w: Any, scales: Any, biases: Any, group_size: int, bits: int) -> Any:
