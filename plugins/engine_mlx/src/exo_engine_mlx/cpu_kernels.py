@@ -43,6 +43,7 @@ BLAS_GFLOPS = 75.0
 DEQUANTIZE_GBPS = 12.0
 LARGE_DEQUANTIZE_GBPS = 1.0
 LARGE_DENSE_BYTES = 32 << 20
+KEPT_DENSE_MAX_BYTES = 1 << 30
 
 _QUANTIZED = (
     nn.QuantizedLinear,
@@ -87,8 +88,7 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
     if _dequantize_pays_here(rows, w.shape[0], x.shape[-1]):
-        dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
-        return x.astype(mx.float32) @ dense.T
+        return x.astype(mx.float32) @ dense_weight(m).T
     int8 = bool(getattr(m, "int8_activations", True))
     return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits, int8)
 
@@ -111,6 +111,64 @@ def _dequantize_pays_here(rows: int, out_features: int, in_features: int) -> boo
 @functools.cache
 def _fast_blas() -> bool:
     return loaded_blas() is not None
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A layer's weight dequantized once and kept (a plain attribute: not a parameter, so
+    sharding, saving and parameter counts never see it)."""
+
+    weight: mx.array
+
+
+def dense_weight(m: nn.Module) -> mx.array:
+    """`m`'s weight as float32 [out, in]: the copy kept by `keep_dense_weights`, else
+    dequantized now (the same values either way: the kept copy is this function's output)."""
+    kept = getattr(m, "kept_dense", None)
+    if isinstance(kept, _Kept):
+        return kept.weight
+    return kernels.dequantize(m["weight"], m["scales"], m["biases"], m.group_size, m.bits)
+
+
+def _dense_bytes(m: nn.Module) -> int:
+    out_features, words = m["weight"].shape
+    return 4 * int(out_features) * int(words) * 32 // int(m.bits)
+
+
+def kept_dense_budget(available_bytes: int, env: Mapping[str, str] | None = None) -> int:
+    """Bytes of float32 weight copies a runner may keep (`keep_dense_weights`): an eighth of
+    the memory available at load, at most 1 GiB (SmolLM2-135M needs ~0.4 GB; a model that
+    needs more has prompts long enough that dequantizing is a small part of them).
+    EXO_KEEP_DENSE_BYTES overrides it (0: keep none)."""
+    env = os.environ if env is None else env
+    if value := env.get("EXO_KEEP_DENSE_BYTES", "").strip():
+        return max(0, int(value))
+    return min(available_bytes // 8, KEPT_DENSE_MAX_BYTES)
+
+
+def keep_dense_weights(model: nn.Module, budget_bytes: int) -> int:
+    """Keep every kernel layer's weight dequantized to float32 beside its packed one, so that
+    a prompt's many rows (dequantize + BLAS, `dequantize_pays`) skip dequantizing: on
+    SmolLM2-135M that was ~30 % of a short prompt's prefill CPU time, every prompt. All or
+    nothing: only when every layer's copy fits in `budget_bytes` together. The output head is
+    left out (a prompt's head sees one row: the kernel's). The decode path is unchanged (it
+    never takes the BLAS path). Needs a fast BLAS (without one, BLAS is never chosen).
+    Returns the bytes kept (0: none)."""
+    if not _fast_blas():
+        return 0
+    layers = [
+        m
+        for name, m in model.named_modules()
+        if type(m) in _KERNEL_CLASS.values() and not _is_head(name, m)
+    ]
+    total = sum(_dense_bytes(m) for m in layers)
+    if not layers or total > budget_bytes:
+        return 0
+    for m in layers:
+        kept = _Kept(dense_weight(m))
+        mx.eval(kept.weight)  # one layer at a time: no peak of lazy graphs
+        m.kept_dense = kept
+    return total
 
 
 def _with_bias(y: mx.array, m: nn.Module) -> mx.array:
