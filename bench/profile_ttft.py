@@ -12,7 +12,8 @@ Two measurements of the same ~40-token chat prompt (greedy, prefix cache off):
     trip less that time is exo's path outside the model (HTTP, request checks, scheduling on
     the node, the runner IPC both ways), measured on the same request so that the load of a
     shared machine mostly cancels out.
-Medians over `--runs`; never asserts on time.
+Medians over `--runs` (in the runner-like process also its CPU time, every thread's: on a
+shared machine the steadier figure); never asserts on time.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 PROMPT = (
     "Write a short story about a robot who learns to paint. The robot lives in a small town "
@@ -35,17 +37,19 @@ MODEL_ID = "SmolLM2-135M-Instruct"
 CHILD = "EXO_PROFILE_TTFT_CHILD"
 
 
-def _median_s(fn, runs: int) -> float:  # type: ignore[no-untyped-def]
+def _median_s(fn, runs: int) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """(wall, CPU time of this process: every thread's), medians over `runs` after a warm-up."""
     fn()
-    times = []
+    walls, cpus = [], []
     for _ in range(runs):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
-def in_runner(runs: int) -> dict[str, float]:
+def in_runner(runs: int) -> dict[str, Any]:
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -163,7 +167,7 @@ def main() -> None:
     inside = json.loads(child.stdout.strip().splitlines()[-1])
     first_chunk, round_trip, outside = through_exo(args.runs)
     print(f"prompt tokens {inside['prompt_tokens']}")
-    rows = [
+    rows: list[tuple[str, Any]] = [
         ("in a runner-like process:", None),
         ("  chat template", inside["template"]),
         ("  tokenizer", inside["tokenizer"]),
@@ -175,7 +179,12 @@ def main() -> None:
         ("  of which outside the runner's step", outside),
     ]
     for label, seconds in rows:
-        print(label if seconds is None else f"{label:40}{seconds * 1e3:>9.1f} ms")
+        if seconds is None:
+            print(label)
+        elif isinstance(seconds, list):  # [wall, CPU time]
+            print(f"{label:40}{seconds[0] * 1e3:>9.1f} ms  (CPU {seconds[1] * 1e3:.1f} ms)")
+        else:
+            print(f"{label:40}{seconds * 1e3:>9.1f} ms")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -19,16 +19,21 @@ import mlx.nn as nn
 import mlx_lm
 import numpy as np
 import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.sample_utils import make_sampler
 
 import exo_mlx_cpu_kernels as kernels
+from exo_engine_mlx import cpu_kernels
 from exo_engine_mlx.blas import dequantize_model
 from exo_engine_mlx.cpu_kernels import (
     KernelQuantizedEmbedding,
     KernelQuantizedLinear,
+    dense_weight,
     dequantize_pays,
     fuse_linears,
     int8_activations,
+    keep_dense_weights,
+    kept_dense_budget,
     kernel_ready,
     kernels_requested,
     use_kernels,
@@ -108,6 +113,47 @@ def test_prefill_path_follows_the_measured_costs() -> None:
     assert not dequantize_pays(128, *head) and dequantize_pays(256, *head)
     paying = [dequantize_pays(rows, *layer) for rows in range(1, 600)]
     assert paying == sorted(paying)  # once BLAS wins, it keeps winning with more rows
+
+
+def test_kept_dense_weights_give_the_same_prompt_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Float32 copies kept for prompts: all layers or none within the budget, never the head,
+    and a prompt's rows (dequantize + BLAS) give bit for bit what dequantizing each call gave."""
+    monkeypatch.setattr(cpu_kernels, "_fast_blas", lambda: True)  # BLAS is taken from 24 rows
+    layers = [
+        nn.QuantizedLinear(*shape, bias=False, group_size=32, bits=4)
+        for shape in ((128, 96), (96, 128))
+    ]
+    head = nn.QuantizedEmbedding(64, 128, group_size=32, bits=4)
+    model = nn.Sequential(*layers, nn.Sequential(head))  # the head is listed, not called
+    use_kernels(model, threads=2)
+    body = nn.Sequential(*layers)
+    x = mx.random.normal((2, 30, 128), key=mx.random.key(2))
+    prompt, one = np.array(body(x)), np.array(body(x[:, :1]))
+    needed = 2 * 4 * 96 * 128
+    assert keep_dense_weights(model, needed - 1) == 0
+    assert all(getattr(m, "kept_dense", None) is None for m in (*layers, head))
+    assert keep_dense_weights(model, needed) == needed
+    assert getattr(head, "kept_dense", None) is None and not any(
+        "kept" in key for key, _ in tree_flatten(model.parameters())
+    )
+    for m in layers:
+        kept = dense_weight(m)
+        holder = getattr(m, "kept_dense", None)
+        assert holder is not None and kept is holder.weight
+        fresh = kernels.dequantize(m["weight"], m["scales"], m["biases"], 32, 4)
+        assert mx.array_equal(kept, fresh)
+    assert np.array_equal(np.array(body(x)), prompt)
+    assert np.array_equal(np.array(body(x[:, :1])), one)
+
+
+def test_kept_dense_budget() -> None:
+    gib = 1 << 30
+    assert kept_dense_budget(4 * gib, {}) == gib // 2
+    assert kept_dense_budget(64 * gib, {}) == gib
+    assert kept_dense_budget(64 * gib, {"EXO_KEEP_DENSE_BYTES": "0"}) == 0
+    assert kept_dense_budget(gib, {"EXO_KEEP_DENSE_BYTES": "1000"}) == 1000
+    with pytest.raises(ValueError, match="EXO_KEEP_DENSE_BYTES"):
+        kept_dense_budget(gib, {"EXO_KEEP_DENSE_BYTES": "lots"})
 
 
 def test_unsupported_layers_are_left_alone() -> None:

@@ -5,7 +5,9 @@ small models to fp32 and lean on a fast BLAS. With the kernels built, the weight
 and the quantized layers switch class in place to subclasses whose matmul is the kernel's:
 the model stays an ordinary mlx-lm model (same parameters, same sharding wrappers), so pipeline
 and tensor splits keep working. A batch of many rows (a prefill) goes through BLAS on the
-dequantized weights where that is faster (`dequantize_pays`).
+dequantized weights where that is faster (`dequantize_pays`); a small model keeps those float32
+weights beside the packed ones (`keep_dense_weights`, EXO_KEEP_DENSE_BYTES), so that a prompt
+does not dequantize every layer again.
 
 EXO_CPU_KERNELS=auto (default) | float: float32 activations, exact up to summation order.
 EXO_CPU_KERNELS=int8: activations rounded to int8 per 32 values and integer dot products
@@ -38,11 +40,14 @@ from exo_engine_mlx.blas import loaded_blas
 # side's threads (kernels on every core, BLAS on all but one): a prefill of 8 x 45 rows on the
 # kernels' 2 threads took 2x the wall and CPU time of BLAS on 1 on the loaded machine
 # (bench/profiles/batch8_step_smollm2.txt). Without a fast BLAS the kernel always wins.
+# Where the float32 weights are kept (`keep_dense_weights`) the choice is the same, the
+# dequantizing just is not paid again: a decode batch takes exactly the path it took before.
 KERNEL_GFLOPS = 45.0
 BLAS_GFLOPS = 75.0
 DEQUANTIZE_GBPS = 12.0
 LARGE_DEQUANTIZE_GBPS = 1.0
 LARGE_DENSE_BYTES = 32 << 20
+KEPT_DENSE_MAX_BYTES = 1 << 30
 
 _QUANTIZED = (
     nn.QuantizedLinear,
@@ -70,9 +75,14 @@ def kernels_requested(env: Mapping[str, str] | None = None) -> bool:
     return env.get("EXO_DENSE", "auto").strip().lower() not in ("on", "1", "yes", "true")
 
 
+def _layout(m: Any) -> tuple[int, int]:
+    """A quantized layer's (bits, group size)."""
+    return int(m.bits), int(m.group_size)
+
+
 def _supported(m: nn.Module) -> bool:
     return m.get("biases") is not None and kernels.supports(
-        int(m.bits), int(m.group_size), str(getattr(m, "mode", "affine"))
+        *_layout(m), str(getattr(m, "mode", "affine"))
     )
 
 
@@ -87,10 +97,10 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
     if _dequantize_pays_here(rows, w.shape[0], x.shape[-1]):
-        dense = kernels.dequantize(w, scales, biases, m.group_size, m.bits)
-        return x.astype(mx.float32) @ dense.T
+        return x.astype(mx.float32) @ dense_weight(m).T
     int8 = bool(getattr(m, "int8_activations", True))
-    return kernels.quantized_matmul(x, w, scales, biases, m.group_size, m.bits, int8)
+    bits, group_size = _layout(m)
+    return kernels.quantized_matmul(x, w, scales, biases, group_size, bits, int8)
 
 
 def dequantize_pays(rows: int, out_features: int, in_features: int) -> bool:
@@ -111,6 +121,69 @@ def _dequantize_pays_here(rows: int, out_features: int, in_features: int) -> boo
 @functools.cache
 def _fast_blas() -> bool:
     return loaded_blas() is not None
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A layer's weight dequantized once and kept (a plain attribute: not a parameter, so
+    sharding, saving and parameter counts never see it)."""
+
+    weight: mx.array
+
+
+def dense_weight(m: nn.Module) -> mx.array:
+    """`m`'s weight as float32 [out, in]: the copy kept by `keep_dense_weights`, else
+    dequantized now (the same values either way: the kept copy is this function's output)."""
+    kept = getattr(m, "kept_dense", None)
+    if isinstance(kept, _Kept):
+        return kept.weight
+    bits, group_size = _layout(m)
+    return kernels.dequantize(m["weight"], m["scales"], m["biases"], group_size, bits)
+
+
+def _dense_bytes(m: nn.Module) -> int:
+    out_features, words = m["weight"].shape
+    return 4 * int(out_features) * int(words) * 32 // _layout(m)[0]
+
+
+def kept_dense_budget(available_bytes: int, env: Mapping[str, str] | None = None) -> int:
+    """Bytes of float32 weight copies a runner may keep (`keep_dense_weights`): an eighth of
+    the memory available at load, at most 1 GiB (SmolLM2-135M needs ~0.4 GB; a model that
+    needs more has prompts long enough that dequantizing is a small part of them).
+    EXO_KEEP_DENSE_BYTES overrides it (0: keep none)."""
+    env = os.environ if env is None else env
+    if value := env.get("EXO_KEEP_DENSE_BYTES", "").strip():
+        try:
+            return max(0, int(value))
+        except ValueError:
+            raise ValueError(f"EXO_KEEP_DENSE_BYTES must be a byte count, not {value!r}") from None
+    return min(available_bytes // 8, KEPT_DENSE_MAX_BYTES)
+
+
+def keep_dense_weights(model: nn.Module, budget_bytes: int) -> int:
+    """Keep every kernel layer's weight dequantized to float32 beside its packed one, so that
+    a prompt's many rows (dequantize + BLAS, `dequantize_pays`) skip dequantizing: on
+    SmolLM2-135M that was ~20 % of a short prompt's prefill CPU time, every prompt. All or
+    nothing: only when every layer's copy fits in `budget_bytes` together. The output head is
+    left out (a prompt's head sees one row: the kernel's). Every call takes the path it took
+    before (`dequantize_pays` decides; a one-row step never takes BLAS), with bit for bit the
+    same result. Needs a fast BLAS (without one, BLAS is never chosen).
+    Returns the bytes kept (0: none)."""
+    if not _fast_blas():
+        return 0
+    layers = [
+        m
+        for name, m in model.named_modules()
+        if type(m) in _KERNEL_CLASS.values() and not _is_head(name, m)
+    ]
+    total = sum(_dense_bytes(m) for m in layers)
+    if not layers or total > budget_bytes:
+        return 0
+    for m in layers:
+        kept = _Kept(dense_weight(m))
+        mx.eval(kept.weight)  # one layer at a time: no peak of lazy graphs
+        m.kept_dense = kept
+    return total
 
 
 def _with_bias(y: mx.array, m: nn.Module) -> mx.array:
@@ -258,7 +331,7 @@ class FusedLinear:
 
 
 def _kernel_setup(m: Any) -> tuple[int, int, bool]:
-    return int(m.bits), int(m.group_size), bool(m.int8_activations)
+    return *_layout(m), bool(m.int8_activations)
 
 
 def _plain(m: nn.Module) -> bool:

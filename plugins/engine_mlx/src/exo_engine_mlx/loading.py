@@ -20,7 +20,14 @@ import psutil
 from loguru import logger
 
 from exo_engine_mlx.blas import dequantize_model, loaded_blas, should_dequantize
-from exo_engine_mlx.cpu_kernels import kernel_ready, kernels_requested, simd, use_kernels
+from exo_engine_mlx.cpu_kernels import (
+    keep_dense_weights,
+    kept_dense_budget,
+    kernel_ready,
+    kernels_requested,
+    simd,
+    use_kernels,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,9 @@ def _for_device(model: nn.Module, dense: bool, quantized_kernels: bool) -> None:
     if quantized_kernels:
         switched = use_kernels(model)
         logger.info(f"quantized weights on exo's CPU kernels: {switched} layers ({simd()})")
+        budget = kept_dense_budget(psutil.virtual_memory().available)
+        if kept := keep_dense_weights(model, budget):
+            logger.info(f"float32 copies of the weights kept for prompts: {kept / 1e6:.0f} MB")
     elif dense:
         replaced = dequantize_model(model)
         logger.info(f"dense fp32 weights: dequantized {replaced} layers")
