@@ -236,6 +236,7 @@ def main() -> None:
             if not args.skip_exo:
                 # The node's models directory is the bench's cache (imported models live there).
                 (tmp / "exo").mkdir()
+                models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
                 (tmp / "exo" / "models").symlink_to(models_dir, target_is_directory=True)
                 results["exo"] = exo_figures(tmp / "exo", model, args.streams)
         print_table(results, args.streams)
