@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 CHILD = """
 import json, random, sys, time
@@ -160,20 +161,28 @@ def _tiny_llama4(out: Path, hidden: int, chunk: int) -> tuple[Path, int, int, st
     return out, 0, 390, name
 
 
+def _child_rows(code: str, model_dir: Path, lengths: list[int], low: int, high: int) -> Any:
+    """The measurements of `code` run in a runner-like process (the runner's environment: its
+    fast BLAS preloaded), from the JSON on its last line of output."""
+    from exo_engine_mlx.blas import runner_env
+
+    argv = [str(model_dir), ",".join(str(n) for n in lengths), str(low), str(high)]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        env=runner_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _solo(args: argparse.Namespace) -> None:
-    from exo_engine_mlx.blas import find_fast_blas, runner_env
+    from exo_engine_mlx.blas import find_fast_blas
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, low, high, name = _tiny_llama4(Path(tmp) / "llama4", args.hidden, args.chunk)
-        lengths = ",".join(str(n) for n in args.lengths)
-        out = subprocess.run(
-            [sys.executable, "-c", SOLO_CHILD, str(model_dir), lengths, str(low), str(high)],
-            env=runner_env(),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
+        rows = _child_rows(SOLO_CHILD, model_dir, args.lengths, low, high)
     print(f"solo path, {name}, BLAS={find_fast_blas() or 'bundled'}")
     print("time to first token, best of 3, seconds; stored: a request of P tokens\n")
     print(
@@ -213,7 +222,7 @@ def main() -> None:
         _solo(args)
         return
 
-    from exo_engine_mlx.blas import find_fast_blas, runner_env
+    from exo_engine_mlx.blas import find_fast_blas
     from exo_engine_mlx.embedded import ensure_embedded_model
     from exo_engine_mlx.prefix_cache import PrefixCache
 
@@ -223,15 +232,7 @@ def main() -> None:
         else:
             model_dir = ensure_embedded_model(Path(tmp) / "models")
             low, high, name = 1000, 40000, "SmolLM2-135M"
-        lengths = ",".join(str(n) for n in args.lengths)
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD, str(model_dir), lengths, str(low), str(high)],
-            env=runner_env(),
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    rows = json.loads(out.stdout.strip().splitlines()[-1])
+        rows = _child_rows(CHILD, model_dir, args.lengths, low, high)
     threshold = PrefixCache(budget_bytes=0).min_tokens
     print(f"{name}, BLAS={find_fast_blas() or 'bundled'}, best of 3, seconds")
     print(f"the engine reuses a stored prefix of >= {threshold} tokens\n")

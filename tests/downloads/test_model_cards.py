@@ -10,7 +10,8 @@ from exo_core.ids import ModelId, NodeId
 from exo_core.model_cards import Capability, ModelCard, load_card_file
 from exo_core.placement import place, runnable
 from exo_core.placement_types import NodeShare, PlacementOption, PlacementRefused, PlacementRequest
-from exo_core.state import NodeInfo, NodeResources, Sharding, State
+from exo_core.state import Sharding
+from exo_core.testing.cluster_state import nodes_with_free_memory
 from exo_download_hf import plugin
 from exo_download_hf.cards import CardError, card_dir, card_from_config, hub_ref
 from exo_download_hf.chat_format import detect
@@ -98,25 +99,13 @@ def test_placement_refuses_a_shipped_nemotron_h_split_that_leaves_a_rank_no_cach
     request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
 
     def placed(free_gb: tuple[int, ...]) -> list[PlacementOption]:
-        options = place(card, request, _nodes(free_gb))
+        options = place(card, request, nodes_with_free_memory(free_gb))
         return runnable(options, lambda o: engine.placement_refusal(card, o))
 
     with pytest.raises(PlacementRefused, match=r"nemotron_h: rank 1 would hold layers \[55, 56\)"):
         placed((55, 1))
     kept = placed((4, 4))
     assert [(s.start_layer, s.end_layer) for s in kept[0].shares] == [(0, 28), (28, 56)]
-
-
-def _nodes(free_gb: tuple[int, ...]) -> State:
-    nodes = [
-        NodeInfo(
-            node_id=NodeId(f"n{i}"),
-            addresses=("127.0.0.1",),
-            resources=NodeResources(memory_available=gb * 1_000_000_000, engines=("mlx",)),
-        )
-        for i, gb in enumerate(free_gb)
-    ]
-    return State(nodes={n.node_id: n for n in nodes})
 
 
 # Parser names a card may give: the core's parsers, mlx-lm's tool parser modules (what a custom

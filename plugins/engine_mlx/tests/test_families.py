@@ -10,17 +10,15 @@ import pytest
 from exo_core.plugin import (
     ModelId,
     NodeId,
-    NodeInfo,
-    NodeResources,
     NodeShare,
     PlacementOption,
     PlacementRefused,
     PlacementRequest,
     Sharding,
-    State,
     place,
     runnable,
 )
+from exo_core.testing.cluster_state import nodes_with_free_memory
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import (
     WHY_NO_PIPELINE,
@@ -131,18 +129,6 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
     assert runnable([], refusal) == []
 
 
-def _two_nodes(free_gb: tuple[int, int]) -> State:
-    nodes = [
-        NodeInfo(
-            node_id=NodeId(f"n{i}"),
-            addresses=("127.0.0.1",),
-            resources=NodeResources(memory_available=gb * 1_000_000_000, engines=("mlx",)),
-        )
-        for i, gb in enumerate(free_gb)
-    ]
-    return State(nodes={n.node_id: n for n in nodes})
-
-
 def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_path: Path) -> None:
     """The tiny Nemotron-H's pattern is M E * -: its last layer (an MLP) holds no cache, so a
     rank given only that layer cannot run (the runner refuses it at load). Placement splits
@@ -158,7 +144,7 @@ def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_pa
     request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
 
     def placed(free_gb: tuple[int, int]) -> list[PlacementOption]:
-        options = place(card, request, _two_nodes(free_gb))  # the node's own path
+        options = place(card, request, nodes_with_free_memory(free_gb))  # the node's own path
         return runnable(options, lambda o: engine.placement_refusal(card, o))
 
     with pytest.raises(PlacementRefused, match=r"nemotron_h: rank 1 would hold layers \[3, 4\)"):
@@ -175,7 +161,7 @@ def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_pa
     hub = msgspec.structs.replace(
         card, source="hf:x/y", config={"hybrid_override_pattern": "".join(pattern)}
     )
-    bad, good = place(card, request, _two_nodes((3, 1)))[0], even[0]
+    bad, good = place(card, request, nodes_with_free_memory((3, 1)))[0], even[0]
     refusal = engine.placement_refusal(hub, bad)
     assert refusal is not None and refusal.startswith("nemotron_h: rank 1 would hold layers [3, 4)")
     assert engine.placement_refusal(hub, good) is None
@@ -223,7 +209,7 @@ def test_placement_keeps_a_gemma_kv_shared_layer_with_the_layer_it_reads(tmp_pat
     request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
 
     def placed(free_gb: tuple[int, int]) -> list[PlacementOption]:
-        options = place(card, request, _two_nodes(free_gb))
+        options = place(card, request, nodes_with_free_memory(free_gb))
         return runnable(options, lambda o: engine.placement_refusal(card, o))
 
     for free in ((1, 1), (3, 1)):
@@ -241,7 +227,7 @@ def test_placement_keeps_a_gemma_kv_shared_layer_with_the_layer_it_reads(tmp_pat
     text = text.get("text_config") or text
     keys = {k: text[k] for k in ("layer_types", "num_kv_shared_layers")}
     hub = msgspec.structs.replace(card, source="hf:x/y", config={"text_config": keys})
-    refused = place(card, request, _two_nodes((1, 1)))[0]
+    refused = place(card, request, nodes_with_free_memory((1, 1)))[0]
     refusal = engine.placement_refusal(hub, refused)
     assert refusal is not None and refusal.startswith("gemma3n: rank 1 would hold layer 3")
     assert engine.placement_refusal(hub, kept[0]) is None
