@@ -94,8 +94,12 @@ def test_a_chunked_cache_is_cut_back_only_to_a_chunk_it_holds_whole(
     assert shortest == 2 * chunk  # the start of the chunk it holds from its first key
     prefix = PrefixCache(64 << 20, min_tokens=1)
     prefix.store(tokens[:stored], cache)
+    # A token the prompt never holds, inside the vocabulary (an id past its end would read
+    # past the embedding table: garbage logits, NaN in some runs).
+    other = model.language_model.model.vocab_size - 1
+    assert other not in tokens
     for n in (shortest - 1, shortest, shortest + 1):
-        diverging = [*tokens[:n], 399, *tokens[n + 1 : stored + 4]]
+        diverging = [*tokens[:n], other, *tokens[n + 1 : stored + 4]]
         hit, got = prefix.lookup(diverging)
         if n < shortest:  # the keys of n's chunk before `kept` are gone: no reuse
             assert (hit, got) == (None, 0)
