@@ -230,6 +230,20 @@ def make_tiny_model(
         elif name.endswith(ZERO_GAINS) and not mx.any(value).item():
             value = mx.random.normal(value.shape) * 0.5
         weights[name] = (value * 4 if value.ndim == 2 else value).astype(mx.float32)
+    _zero_rows_past(weights, vocab, int(config["vocab_size"]))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
+
+
+def _zero_rows_past(weights: dict[str, mx.array], tokens: int, rows: int) -> None:
+    """A family whose config sets a vocabulary larger than the tokenizer's (phi3small writes
+    -inf into fixed ids past 100255 of its logits: a smaller table would be written past
+    its end) gets zero embedding and head rows for the ids no token has: their logits are
+    0, under the real tokens' best, so greedy text stays inside the tokenizer."""
+    if rows <= tokens:
+        return
+    for name, value in weights.items():
+        if value.ndim == 2 and value.shape[0] == rows:
+            weights[name] = mx.concatenate([value[:tokens], mx.zeros_like(value[tokens:])])
+

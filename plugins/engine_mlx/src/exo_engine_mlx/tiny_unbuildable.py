@@ -16,12 +16,6 @@ UNBUILDABLE: dict[str, str] = {
         "expert_routing, ... built with mx.fast.metal_kernel) with no fallback; MLX on this "
         "Linux machine has no Metal back-end"
     ),
-    "phi3small": (
-        "it builds (tiny_configs/phi3small.json) but running it corrupts the process's heap "
-        "on this machine's MLX (CPU): every one-request run ended in SIGSEGV at exit (glibc "
-        "'corrupted size vs. prev_size'), and its greedy text differed between runs; kept "
-        "out so it cannot crash the sweep's shared process"
-    ),
     "prism_hadamard_qwen35": (
         "its ModelArgs accept only a Hadamard-rotated 2-bit pack (a schema/namespace pair, "
         "quantization exactly affine 2-bit group 128, a packed-module manifest); "

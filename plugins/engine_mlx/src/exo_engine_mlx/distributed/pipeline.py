@@ -354,6 +354,11 @@ _OTHER_NAMES = {
         hidden_size="d_model",
     ),
     "granite": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
+    # Phi-3 Small scales the embedding by its mup_embedding_multiplier; its head (the tied
+    # embedding over mup_width_multiplier, the dummy ids at -inf) is the family's own.
+    "phi3small": Slicing(
+        family_head=True, norm="final_layernorm", embedding_scales=("mup_embedding_multiplier",)
+    ),
     "granitemoe": Slicing(family_head=True, embedding_scales=("embedding_multiplier",)),
     "bailing_moe": Slicing(family_head=True, embedding="word_embeddings"),
     "internlm2": Slicing(family_head=True, embedding="tok_embeddings"),
