@@ -246,4 +246,3 @@ def _zero_rows_past(weights: dict[str, mx.array], tokens: int, rows: int) -> Non
     for name, value in weights.items():
         if value.ndim == 2 and value.shape[0] == rows:
             weights[name] = mx.concatenate([value[:tokens], mx.zeros_like(value[tokens:])])
-
