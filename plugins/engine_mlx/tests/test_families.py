@@ -22,6 +22,7 @@ from exo_core.testing.cluster_state import nodes_with_free_memory
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import (
     WHY_NO_PIPELINE,
+    FamilySupport,
     all_model_types,
     family_support,
     markdown_table,
@@ -64,7 +65,7 @@ def test_the_readme_table_is_the_generated_one() -> None:
         ("nemotron_h", "layers", False),  # caches only in mamba and attention blocks
         ("iquestloopcoder", "layers", True),  # its stack twice: the state goes round twice
         ("gemma3n", "layers", False),  # per-layer inputs packed after the hidden state
-        ("bitnet", None, False),  # not tried: no tiny bitnet runs here (Metal kernels)
+        ("bitnet", "layers", False),  # ternary layers as 8-bit affine ones off Metal
         ("jamba", "layers", False),  # attention + mamba: mask indices re-found on a slice
         ("falcon_h1", "layers", False),  # attention and mamba in every layer (CacheList)
         ("kimi_k3", "mlx-lm", True),  # pipelines itself, without mlx-lm's mixin
@@ -88,9 +89,11 @@ def test_every_no_says_why() -> None:
 
 def test_refusals_say_why() -> None:
     assert family_support("qwen3_moe").refusal("pipeline") is None
-    bitnet = family_support("bitnet").refusal("pipeline")
-    assert bitnet is not None and bitnet.startswith("bitnet: pipeline parallel")
-    assert "not tried" in bitnet  # the reason
+    # Every family mlx-lm runs splits pipeline-wise today; one that did not would say why.
+    unsplit = FamilySupport("x", True, None, False, why_no_pipeline="its layers share a cache")
+    assert unsplit.refusal("pipeline") == (
+        "x: pipeline parallel is not supported here (its layers share a cache)"
+    )
     nxt = family_support("qwen3_next").refusal("tensor")
     assert nxt is not None and "shard()" in nxt
     unknown = family_support("no_such_model").refusal("pipeline")
@@ -100,10 +103,10 @@ def test_refusals_say_why() -> None:
 def test_the_engine_refuses_only_what_it_cannot_split() -> None:
     engine = MlxEngine()
     assert engine.sharding_refusal(tiny_card("qwen3_moe"), "pipeline", 4) is None
-    bitnet = engine.sharding_refusal(tiny_card("bitnet"), "pipeline", 2)
-    assert bitnet is not None and bitnet.startswith("bitnet: pipeline parallel")
+    bitnet = engine.sharding_refusal(tiny_card("bitnet"), "tensor", 2)
+    assert bitnet is not None and bitnet.startswith("bitnet: tensor parallel")
     assert engine.sharding_refusal(tiny_card("qwen3_moe"), "tensor", 2) is None
-    assert engine.sharding_refusal(tiny_card("bitnet"), "pipeline", 1) is None  # one node
+    assert engine.sharding_refusal(tiny_card("bitnet"), "tensor", 1) is None  # one node
     assert engine.sharding_refusal(tiny_card("gpt_oss"), "pipeline", 2) is None
     assert engine.sharding_refusal(tiny_card(""), "pipeline", 2) is None  # architecture unknown
 
@@ -123,9 +126,9 @@ def test_placement_keeps_only_runnable_options_and_says_why_when_none_is() -> No
         return engine.sharding_refusal(card, o.sharding, len(o.shares))
 
     options = [option("pipeline", 2), option("tensor", 2), option("pipeline", 1)]
-    assert runnable(options, refusal) == options[2:]  # neither pipeline nor tensor on 2
-    with pytest.raises(PlacementRefused, match="bitnet: pipeline parallel"):
-        runnable([option("pipeline", 2), option("pipeline", 3)], refusal)
+    assert runnable(options, refusal) == [options[0], options[2]]  # no tensor on 2
+    with pytest.raises(PlacementRefused, match="bitnet: tensor parallel"):
+        runnable([option("tensor", 2), option("tensor", 3)], refusal)
     assert runnable([], refusal) == []
 
 

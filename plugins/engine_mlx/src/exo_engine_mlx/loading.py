@@ -19,6 +19,7 @@ import mlx.nn as nn
 import psutil
 from loguru import logger
 
+from exo_engine_mlx.bitlinear import convert_bitlinear, needs_conversion
 from exo_engine_mlx.blas import dequantize_model, loaded_blas, should_dequantize
 from exo_engine_mlx.cpu_kernels import (
     keep_dense_weights,
@@ -103,6 +104,8 @@ def load_model(
 
     tokenizer_config = {"trust_remote_code": True} if trust_remote_code else None
     model, tokenizer = load(model_dir, lazy=True, tokenizer_config=tokenizer_config)[:2]
+    if needs_conversion() and (converted := convert_bitlinear(model)):
+        logger.info(f"BitNet ternary layers as 8-bit affine layers (no Metal): {converted}")
     quantized_kernels = _quantized_kernels(model)
     dense = not quantized_kernels and _dense(model_dir)
     if shard is not None and shard.sharding == "pipeline":

@@ -225,6 +225,12 @@ def make_tiny_model(
     weights: dict[str, mx.array] = {}
     for name, value in tree_flatten(model.parameters()):
         assert isinstance(value, mx.array)
+        if value.dtype == mx.uint8:  # BitNet's packed ternary codes: four a byte, each < 3
+            weights[name] = _ternary_codes(value.shape)
+            continue
+        if name.endswith("weight_scale"):  # BitNet's per-layer scale: not 1, so it is tested
+            weights[name] = mx.random.uniform(0.5, 2.0, value.shape)
+            continue
         if value.ndim == 2 and not name.endswith("bias") and not mx.any(value).item():
             value = mx.random.normal(value.shape) * value.shape[-1] ** -0.5
         elif name.endswith(ZERO_GAINS) and not mx.any(value).item():
@@ -246,3 +252,8 @@ def _zero_rows_past(weights: dict[str, mx.array], tokens: int, rows: int) -> Non
     for name, value in weights.items():
         if value.ndim == 2 and value.shape[0] == rows:
             weights[name] = mx.concatenate([value[:tokens], mx.zeros_like(value[tokens:])])
+
+
+def _ternary_codes(shape: tuple[int, ...]) -> mx.array:
+    fields = mx.random.randint(0, 3, (4, *shape)).astype(mx.uint8)
+    return sum((fields[k] << (2 * k) for k in range(4)), mx.zeros(shape, mx.uint8))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 # model_type -> why no tiny model of it runs here. Sorted by name.
 UNBUILDABLE: dict[str, str] = {
-    "bitnet": "its BitLinear layers run a Metal kernel (mx.fast.metal_kernel): no Metal here",
     "muse_spark": (
         "its layers call mlx-lm's Metal kernels (mlx_lm/kernels: qk_norm_rope, qk_norm, "
         "expert_routing, ... built with mx.fast.metal_kernel) with no fallback; MLX on this "

@@ -333,7 +333,7 @@ _GEMMA = Slicing(scaled_embedding=True)
 # per family by test_every_family_groups (2 ranks, layers 1 + 3, equal greedy tokens).
 _OWN = Slicing(family_head=True)
 _OWN_FAMILIES = (
-    "apertus", "cohere", "deepseek", "dots1", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
+    "apertus", "bitnet", "cohere", "deepseek", "dots1", "ernie4_5", "ernie4_5_moe", "glm", "glm4",
     "helium", "hunyuan", "hunyuan_v1_dense", "internlm3", "Klear", "llama4_text",
 )  # fmt: skip
 _OTHER_NAMES = {
