@@ -169,13 +169,13 @@ def bench_models(
 
 
 def exo_figures(data_dir: Path, model: BenchModel, streams: int) -> Figures:
-    import exo_api_openai.plugin as openai_plugin
-    import exo_engine_mlx.plugin as engine_plugin
-    from exo_core.testing.harness import running_node
+    """exo as users run it: an `exo` process of its own (the clients here would otherwise
+    share one interpreter, and its lock, with the node)."""
+    from exo_core.testing.processes import exo_processes, wait_joined
 
-    os.environ["EXO_PREFIX_CACHE_BYTES"] = "0"
-    with running_node(data_dir, [engine_plugin, openai_plugin]) as running:
-        return measure(f"{running.url}/v1", model.exo_id, model.tokens, streams, {})
+    with exo_processes(data_dir, 1, env={"EXO_PREFIX_CACHE_BYTES": "0"}) as (node,):
+        wait_joined([node], engine="mlx")
+        return measure(f"{node.url}/v1", model.exo_id, model.tokens, streams, {})
 
 
 def print_table(results: dict[str, Figures], streams: int) -> None:
@@ -235,9 +235,9 @@ def main() -> None:
                     )
             if not args.skip_exo:
                 # The node's models directory is the bench's cache (imported models live there).
-                (tmp / "exo").mkdir()
+                (tmp / "exo" / "node0").mkdir(parents=True)
                 models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
-                (tmp / "exo" / "models").symlink_to(models_dir, target_is_directory=True)
+                (tmp / "exo" / "node0" / "models").symlink_to(models_dir, target_is_directory=True)
                 results["exo"] = exo_figures(tmp / "exo", model, args.streams)
         print_table(results, args.streams)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
