@@ -33,7 +33,10 @@ def _layer(
     layer = BitLinear(in_features, out_features, bias=bias, invert_weight_scales=invert)
     rows = (out_features + 3) // 4
     codes = rng.integers(0, 3, (4, rows, in_features))
-    layer.weight = mx.array(sum(codes[k] << (2 * k) for k in range(4)).astype(np.uint8))
+    packed = np.zeros((rows, in_features), np.uint8)
+    for k in range(4):
+        packed |= (codes[k] << (2 * k)).astype(np.uint8)
+    layer.weight = mx.array(packed)
     layer.weight_scale = mx.array([rng.uniform(0.3, 3.0)], dtype=mx.float32)
     if bias:
         layer.bias = mx.array(rng.normal(size=out_features).astype(np.float32))
@@ -52,7 +55,7 @@ def test_the_8bit_twin_computes_what_the_metal_kernel_does(
     assert isinstance(twin, nn.QuantizedLinear) and twin.bits == 8
     x = np.random.default_rng(1).normal(size=(3, in_features)).astype(np.float32)
     want = _kernel_reference(
-        x, np.array(layer.weight), float(layer.weight_scale.item()), invert, out_features
+        x, np.array(layer.weight), float(np.array(layer.weight_scale)[0]), invert, out_features
     )
     if bias:
         want = want + np.array(layer.bias)

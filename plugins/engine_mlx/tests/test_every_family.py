@@ -44,7 +44,8 @@ def test_the_family_generates_on_one_rank(model_type: str, tiny_families: TinyFa
     support = family_support(model_type)
     assert (one.pipeline is None) == (support.pipeline is None), one.pipeline
     assert (one.pipeline == "mlx-lm") == (support.pipeline == "mlx-lm"), one.pipeline
-    assert one.tensor == support.tensor
+    # (a family whose shard() cannot give one rank's result is refused, and says why)
+    assert one.tensor == (support.tensor or bool(support.why_no_tensor))
 
 
 @pytest.mark.parametrize("model_type", ROWS)

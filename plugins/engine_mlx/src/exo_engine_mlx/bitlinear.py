@@ -10,6 +10,8 @@ MLX's quantized matmul) and splits like any quantized layer.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
@@ -43,7 +45,7 @@ def _group_size(in_features: int) -> int | None:
     return next((g for g in GROUP_SIZES if in_features % g == 0), None)
 
 
-def as_quantized_linear(layer: nn.Module) -> nn.QuantizedLinear | None:
+def as_quantized_linear(layer: Any) -> nn.QuantizedLinear | None:
     """The 8-bit affine layer that computes what BitLinear `layer` computes; None when its
     input width fits no group size."""
     in_features, out_features = int(layer.in_features), int(layer.out_features)

@@ -31,6 +31,7 @@ class FamilySupport:
     tensor: bool
     why_not: str = ""  # why the architecture does not run at all
     why_no_pipeline: str = ""  # why its layer stack cannot be cut, where known
+    why_no_tensor: str = ""  # why its shard() gives wrong results, where it has one
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
@@ -42,6 +43,8 @@ class FamilySupport:
             why = f" ({self.why_no_pipeline})" if self.why_no_pipeline else ""
             return f"{self.model_type}: pipeline parallel is not supported here{why}"
         if sharding == "tensor" and not self.tensor:
+            if self.why_no_tensor:
+                return f"{self.model_type}: tensor parallel is not supported here ({self.why_no_tensor})"
             return f"{self.model_type}: tensor parallel needs mlx-lm's shard(), which it lacks"
         return None
 
@@ -51,6 +54,16 @@ class FamilySupport:
 # placement's refusal say it. A family without an entry and without a tiny model that runs
 # here says why it was not tried (`tiny_unbuildable`); test_families checks every "no" says why.
 WHY_NO_PIPELINE: dict[str, str] = {}
+
+# Families whose mlx-lm shard() exists but cannot give the one-rank result (mlx-lm's module
+# name -> why): placement refuses their tensor splits with the reason.
+WHY_NO_TENSOR: dict[str, str] = {
+    "prism_hadamard_qwen35": (
+        "mlx.nn's shard_linear rebuilds its Hadamard layers as plain quantized ones, dropping "
+        "their input rotation, and shard() splits the row-parallel layers' 128-groups as if "
+        "the pack were any quantized model"
+    ),
+}
 
 
 def _why_no_pipeline(model_type: str) -> str:
@@ -102,9 +115,12 @@ def family_support(model_type: str) -> FamilySupport:
         for obj in vars(m).values()
     )
     pipeline = "mlx-lm" if mixin else "layers" if sliced else None
-    tensor = callable(getattr(model, "shard", None))
+    why_no_tensor = WHY_NO_TENSOR.get(name, "")
+    tensor = callable(getattr(model, "shard", None)) and not why_no_tensor
     why = _why_no_pipeline(model_type) if pipeline is None else ""
-    return FamilySupport(model_type, True, pipeline, tensor, why_no_pipeline=why)
+    return FamilySupport(
+        model_type, True, pipeline, tensor, why_no_pipeline=why, why_no_tensor=why_no_tensor
+    )
 
 
 def all_model_types() -> list[str]:
@@ -130,7 +146,10 @@ def markdown_table() -> str:
             alias = module_name(model_type)
             shown = f"`{model_type}`" + (f" (as `{alias}`)" if alias != model_type else "")
             pipeline = names[s.pipeline] + (f": {s.why_no_pipeline}" if s.why_no_pipeline else "")
-            rows.append(f"| {shown} | {pipeline} | {'yes' if s.tensor else 'no'} |")
+            tensor = (
+                "yes" if s.tensor else "no" + (f": {s.why_no_tensor}" if s.why_no_tensor else "")
+            )
+            rows.append(f"| {shown} | {pipeline} | {tensor} |")
     return "\n".join(rows) + "\n"
 
 

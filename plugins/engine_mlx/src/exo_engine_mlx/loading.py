@@ -47,6 +47,23 @@ def _upcast(model: nn.Module) -> None:
     # The CPU backend runs fp16/bf16 far slower than fp32 (and quantized fp16 ~46x slower).
     half = (mx.float16, mx.bfloat16)
     model.apply(lambda x: x.astype(mx.float32) if x.dtype in half else x)
+    _float32_hadamard_embeddings(model)
+
+
+def _float32_hadamard_embeddings(model: nn.Module) -> None:
+    """A Hadamard pack's embedding (prism_hadamard_qwen35) casts its rows to float16 itself.
+    Alone that is harmless (the first float32 layer promotes them), but a pipeline rank sizes
+    the hidden state it receives by its own embedding's output: float16 there against the
+    float32 the rank before sends. Its output is cast on to float32 (the same values)."""
+    from mlx_lm.models.prism_hadamard_qwen35 import HadamardQuantizedEmbedding
+
+    class Float32Output(HadamardQuantizedEmbedding):
+        def __call__(self, indices: mx.array) -> mx.array:
+            return super().__call__(indices).astype(mx.float32)
+
+    for _, module in model.named_modules():
+        if type(module) is HadamardQuantizedEmbedding:
+            module.__class__ = Float32Output
 
 
 def _quantized_kernels(model: nn.Module) -> bool:

@@ -217,6 +217,8 @@ def make_tiny_model(
         config["text_config"] = {**common, **config["text_config"]}
     eos = _token_ids(out, eos_tokens)
     config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    if config.pop("tiny_hadamard_manifest", False):
+        config["modules"] = _hadamard_manifest(config)
     mx.random.seed(seed)
     model = family.Model(family.ModelArgs.from_dict(config))
     # Larger weights than the default init, so the logits have a clear winner. A weight
@@ -225,6 +227,15 @@ def make_tiny_model(
     weights: dict[str, mx.array] = {}
     for name, value in tree_flatten(model.parameters()):
         assert isinstance(value, mx.array)
+        if value.dtype == mx.uint32:  # a packed quantized weight: any word is valid codes
+            weights[name] = mx.random.randint(0, 1 << 31, value.shape).astype(mx.uint32) * 2
+            continue
+        if name.endswith(("scales", "biases")) and value.dtype == mx.float16:
+            weights[name] = _packed_affine(name, value.shape)
+            continue
+        if name.endswith(".signs"):  # a Hadamard pack's sign vector: +-1
+            weights[name] = mx.where(mx.random.uniform(shape=value.shape) < 0.5, -1.0, 1.0)
+            continue
         if value.dtype == mx.uint8:  # BitNet's packed ternary codes: four a byte, each < 3
             weights[name] = _ternary_codes(value.shape)
             continue
@@ -257,3 +268,33 @@ def _zero_rows_past(weights: dict[str, mx.array], tokens: int, rows: int) -> Non
 def _ternary_codes(shape: tuple[int, ...]) -> mx.array:
     fields = mx.random.randint(0, 3, (4, *shape)).astype(mx.uint8)
     return sum((fields[k] << (2 * k) for k in range(4)), mx.zeros(shape, mx.uint8))
+
+
+def _hadamard_manifest(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Hadamard pack's module manifest (prism_hadamard_qwen35): every bias-free linear and
+    embedding of the Qwen 3.5 text model whose input width takes 2-bit groups of 128, rotated
+    in blocks of 512 where the width allows (0: not rotated)."""
+    import mlx.nn as nn
+    from mlx_lm.models import qwen3_5
+
+    model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict({**config, "model_type": "qwen3_5"}))
+    records = []
+    for path, module in model.language_model.named_modules():
+        if not isinstance(module, (nn.Linear, nn.Embedding)) or "bias" in module:
+            continue
+        width = int(module.weight.shape[1])
+        if width % 128 == 0:
+            block = 512 if width % 512 == 0 else 0
+            embedding = isinstance(module, nn.Embedding)
+            records.append(
+                {"path": path, "embedding": embedding, "dtype": "float16", "block": block}
+            )
+    return records
+
+
+def _packed_affine(name: str, shape: tuple[int, ...]) -> mx.array:
+    """Scales (or biases) of a random 2-bit affine layer with groups of 128: codes 0-3
+    centred on 0, weights of the generic init's size for its input width."""
+    width = shape[-1] * 128
+    scale = mx.random.uniform(0.5, 1.5, shape) * 4 * width**-0.5
+    return (scale if name.endswith("scales") else -1.5 * scale).astype(mx.float16)

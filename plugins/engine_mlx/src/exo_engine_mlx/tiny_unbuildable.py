@@ -15,10 +15,4 @@ UNBUILDABLE: dict[str, str] = {
         "expert_routing, ... built with mx.fast.metal_kernel) with no fallback; MLX on this "
         "Linux machine has no Metal back-end"
     ),
-    "prism_hadamard_qwen35": (
-        "its ModelArgs accept only a Hadamard-rotated 2-bit pack (a schema/namespace pair, "
-        "quantization exactly affine 2-bit group 128, a packed-module manifest); "
-        "make_tiny_model writes float weights, and 2-bit groups of 128 need dimensions "
-        "far above a tiny model's"
-    ),
 }
