@@ -10,11 +10,6 @@ from __future__ import annotations
 
 # model_type -> why no tiny model of it runs here. Sorted by name.
 UNBUILDABLE: dict[str, str] = {
-    "muse_spark": (
-        "its layers call mlx-lm's Metal kernels (mlx_lm/kernels: qk_norm_rope, qk_norm, "
-        "expert_routing, ... built with mx.fast.metal_kernel) with no fallback; MLX on this "
-        "Linux machine has no Metal back-end"
-    ),
     "prism_hadamard_qwen35": (
         "its ModelArgs accept only a Hadamard-rotated 2-bit pack (a schema/namespace pair, "
         "quantization exactly affine 2-bit group 128, a packed-module manifest); "
