@@ -29,6 +29,7 @@ from exo_engine_mlx.cpu_kernels import (
     simd,
     use_kernels,
 )
+from exo_engine_mlx.metal_fallbacks import install as install_metal_fallbacks
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,7 @@ def load_model(
     import a tokenizer the repo ships as Python (Kimi K2's); the model is always mlx-lm's."""
     from mlx_lm import load
 
+    install_metal_fallbacks()  # Muse Spark's fused kernels as MLX ops where there is no Metal
     tokenizer_config = {"trust_remote_code": True} if trust_remote_code else None
     model, tokenizer = load(model_dir, lazy=True, tokenizer_config=tokenizer_config)[:2]
     if needs_conversion() and (converted := convert_bitlinear(model)):

@@ -15,6 +15,8 @@ from typing import Any
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from exo_engine_mlx.metal_fallbacks import install as install_metal_fallbacks
+
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -186,6 +188,7 @@ def make_tiny_model(
     if own is None:
         raise ValueError(f"no tiny config for {model_type!r} (have: {', '.join(TINY_FAMILIES)})")
     family = importlib.import_module(f"mlx_lm.models.{module}")
+    install_metal_fallbacks()  # so that a test may run what it builds with plain mlx_lm.load
     out.mkdir(parents=True, exist_ok=True)
     vocab = make_tiny_tokenizer(
         out,
@@ -247,7 +250,9 @@ def make_tiny_model(
         elif name.endswith(ZERO_GAINS) and not mx.any(value).item():
             value = mx.random.normal(value.shape) * 0.5
         weights[name] = (value * 4 if value.ndim == 2 else value).astype(mx.float32)
-    _zero_rows_past(weights, vocab, int(config["vocab_size"]))
+    text = config.get("text_config")  # a wrapper's embedding and head are its text model's
+    rows = (text if isinstance(text, dict) else config)["vocab_size"]
+    _zero_rows_past(weights, vocab, int(rows))
     mx.save_safetensors(str(out / "model.safetensors"), weights)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
@@ -256,7 +261,8 @@ def make_tiny_model(
 def _zero_rows_past(weights: dict[str, mx.array], tokens: int, rows: int) -> None:
     """A family whose config sets a vocabulary larger than the tokenizer's (phi3small writes
     -inf into fixed ids past 100255 of its logits: a smaller table would be written past
-    its end) gets zero embedding and head rows for the ids no token has: their logits are
+    its end; a wrapper's text_config may set an even one for a tensor split: qwen3_5,
+    muse_spark) gets zero embedding and head rows for the ids no token has: their logits are
     0, under the real tokens' best, so greedy text stays inside the tokenizer."""
     if rows <= tokens:
         return

@@ -9,10 +9,4 @@ entry fails the test. Keep the reasons precise (what is missing, where).
 from __future__ import annotations
 
 # model_type -> why no tiny model of it runs here. Sorted by name.
-UNBUILDABLE: dict[str, str] = {
-    "muse_spark": (
-        "its layers call mlx-lm's Metal kernels (mlx_lm/kernels: qk_norm_rope, qk_norm, "
-        "expert_routing, ... built with mx.fast.metal_kernel) with no fallback; MLX on this "
-        "Linux machine has no Metal back-end"
-    ),
-}
+UNBUILDABLE: dict[str, str] = {}
