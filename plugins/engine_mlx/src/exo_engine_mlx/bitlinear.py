@@ -10,6 +10,7 @@ MLX's quantized matmul) and splits like any quantized layer.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import mlx.core as mx
@@ -73,7 +74,10 @@ def convert_bitlinear(model: nn.Module) -> int:
     """Replace every BitLinear of `model` by its 8-bit affine twin (lazily: nothing is read
     until evaluated). Returns how many were replaced. A layer no group size fits raises:
     it could not run here at all."""
-    from mlx_lm.models.bitlinear_layers import BitLinear
+    layers = sys.modules.get("mlx_lm.models.bitlinear_layers")
+    if layers is None:  # building a model with BitLinear layers imports it: none here
+        return 0
+    BitLinear = layers.BitLinear
 
     replaced: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():

@@ -10,6 +10,7 @@ only its slices. Evaluation then reads just what the rank kept.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -56,14 +57,17 @@ def _float32_hadamard_embeddings(model: nn.Module) -> None:
     Alone that is harmless (the first float32 layer promotes them), but a pipeline rank sizes
     the hidden state it receives by its own embedding's output: float16 there against the
     float32 the rank before sends. Its output is cast on to float32 (the same values)."""
-    from mlx_lm.models.prism_hadamard_qwen35 import HadamardQuantizedEmbedding
+    pack = sys.modules.get("mlx_lm.models.prism_hadamard_qwen35")
+    if pack is None:  # building such a model imports it: none here
+        return
+    embedding = pack.HadamardQuantizedEmbedding
 
-    class Float32Output(HadamardQuantizedEmbedding):
+    class Float32Output(embedding):
         def __call__(self, indices: mx.array) -> mx.array:
             return super().__call__(indices).astype(mx.float32)
 
     for _, module in model.named_modules():
-        if type(module) is HadamardQuantizedEmbedding:
+        if type(module) is embedding:
             module.__class__ = Float32Output
 
 
@@ -120,9 +124,9 @@ def load_model(
     import a tokenizer the repo ships as Python (Kimi K2's); the model is always mlx-lm's."""
     from mlx_lm import load
 
-    install_metal_fallbacks()  # Muse Spark's fused kernels as MLX ops where there is no Metal
     tokenizer_config = {"trust_remote_code": True} if trust_remote_code else None
     model, tokenizer = load(model_dir, lazy=True, tokenizer_config=tokenizer_config)[:2]
+    install_metal_fallbacks()  # Muse Spark's fused kernels as MLX ops where there is no Metal
     if needs_conversion() and (converted := convert_bitlinear(model)):
         logger.info(f"BitNet ternary layers as 8-bit affine layers (no Metal): {converted}")
     quantized_kernels = _quantized_kernels(model)

@@ -13,6 +13,7 @@ compiler may make, and the last bits of exp, cos, sin and rsqrt (Metal's fast va
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -219,10 +220,12 @@ FALLBACKS: dict[str, Callable[..., Any]] = {
 
 def install() -> bool:
     """Where MLX has no Metal, make `mlx_lm.models.muse_spark` call these (it bound the kernel
-    functions by name at import). Idempotent. Returns whether they are installed."""
-    if mx.metal.is_available():
+    functions by name at import; it looks them up when it runs). Only a loaded module is
+    patched: building a Muse Spark model imports it, and no other model needs it. Idempotent.
+    Returns whether they are installed."""
+    muse_spark = sys.modules.get("mlx_lm.models.muse_spark")
+    if muse_spark is None or mx.metal.is_available():
         return False
-    import mlx_lm.models.muse_spark as muse_spark
 
     for name, fallback in FALLBACKS.items():
         setattr(muse_spark, name, fallback)

@@ -299,8 +299,9 @@ def _hadamard_manifest(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _packed_affine(name: str, shape: tuple[int, ...]) -> mx.array:
-    """Scales (or biases) of a random 2-bit affine layer with groups of 128: codes 0-3
-    centred on 0, weights of the generic init's size for its input width."""
+    """Scales (or biases) of a random 2-bit affine layer with groups of 128, drawn apart: a
+    scale s of the generic init's size for its input width, a bias near -1.5 s (codes 0-3
+    roughly centred on 0)."""
     width = shape[-1] * 128
     scale = mx.random.uniform(0.5, 1.5, shape) * 4 * width**-0.5
     return (scale if name.endswith("scales") else -1.5 * scale).astype(mx.float16)
