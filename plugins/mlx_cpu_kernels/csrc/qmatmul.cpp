@@ -42,25 +42,7 @@ namespace mx = mlx::core;
 
 namespace {
 
-struct Problem {
-  const float* x;         // [M, K]
-  const uint32_t* w;      // [N, K * bits / 32]
-  const float* scales;    // [N, G]
-  const float* biases;    // [N, G]
-  float* out;             // [M, N]
-  const float* xsum;      // [M, G]
-  const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
-  // int8 activations (`int8`): x ~= dx[m, b] * qx[m, 32 b + i] per block b of 32 values; for
-  // 4 bits each block holds its even elements, then its odd ones (the weights' nibble order).
-  const int8_t* qx;       // [M, K]
-  const float* dx;        // [M, K / 32]
-  const float* dxt;       // [K / 32, M4]: dx transposed, M rounded up to 4 (4-row kernel)
-  int64_t m4;
-  int64_t M, N, K, G;
-  int group_size, bits;
-  bool dequantize = false;  // write W itself (float32 [N, K]) to `out` instead of x @ W.T
-  bool int8 = false;        // integer dot products against qx/dx instead of float ones
-};
+using exo_kernels::Problem;
 
 // Rows of x handled together: their accumulators stay in registers.
 constexpr int kRowBlock = 8;
@@ -759,6 +741,8 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
   if (has_avx2()) {
     if (p.dequantize)
       dequantize_avx2(p, n0, n1);
+    else if (exo_kernels::avx512_takes(p))
+      exo_kernels::rows_avx512(p, n0, n1);
     else if (p.int8)
       p.bits == 4 ? rows_avx2_q8<4>(p, n0, n1) : rows_avx2_q8<8>(p, n0, n1);
     else if (p.M > 1 && (p.bits == 8 || p.xp != nullptr))
@@ -923,6 +907,10 @@ void compute(Problem p) {
       for (int64_t b = 0; b < p.K / 32; ++b) dxt[b * p.m4 + m] = dx[m * (p.K / 32) + b];
     p.dxt = dxt.data();
     run(p);
+    return;
+  }
+  if (exo_kernels::avx512_takes(p)) {
+    exo_kernels::compute_avx512(p, &run);
     return;
   }
   std::vector<float> xp;
@@ -1101,6 +1089,7 @@ void matmul_rows(
 
 void register_fused_block(nb::module_& m);
 void register_decode_attention(nb::module_& m);
+void register_swiglu(nb::module_& m);
 
 NB_MODULE(_ext, m) {
   m.doc() = "Vectorised, multi-threaded affine quantized matmul for MLX on the CPU";
@@ -1136,7 +1125,17 @@ NB_MODULE(_ext, m) {
       [](bool on) { g_portable = on; },
       nb::arg("on"),
       "Use the portable path even where AVX2 is present (for tests).");
-  m.def("simd", []() { return has_avx2() ? "avx2+fma" : "portable"; });
+  m.def(
+      "force_avx2",
+      [](bool on) { exo_kernels::force_avx2(on); },
+      nb::arg("on"),
+      "Use the AVX2 paths even where AVX-512 is present (for tests).");
+  m.def("simd", []() {
+    return exo_kernels::avx512_available() ? "avx512+avx2+fma"
+        : has_avx2()                        ? "avx2+fma"
+                                            : "portable";
+  });
   register_fused_block(m);
   register_decode_attention(m);
+  register_swiglu(m);
 }

@@ -19,11 +19,14 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(params=["simd", "portable"])
+@pytest.fixture(params=["simd", "avx2", "portable"])
 def path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The widest path of this CPU (AVX-512 where present), AVX2 alone, and the portable one."""
     kernels.force_portable(request.param == "portable")
+    kernels.force_avx2(request.param == "avx2")
     yield request.param
     kernels.force_portable(False)
+    kernels.force_avx2(False)
 
 
 def _quantized(n: int, k: int, group_size: int, bits: int) -> tuple[mx.array, ...]:
@@ -141,25 +144,36 @@ def test_int8_activations_keep_batch_dims_and_agree_across_threads() -> None:
 
 
 @pytest.mark.parametrize("int8", [True, False])
-@pytest.mark.parametrize("bits", [4, 8])
-def test_rows_give_the_same_bits_alone_and_in_a_batch(path: str, bits: int, int8: bool) -> None:
+@pytest.mark.parametrize(
+    ("bits", "group_size", "k"),
+    # 4 bits at every group size (AVX-512 folds two groups of 32 into one vector), and a width
+    # that 64 does not divide (352: 4 bits take the AVX2 path on every CPU, 8 bits AVX-512).
+    [(4, 32, 384), (4, 64, 384), (4, 128, 384), (4, 32, 352), (8, 32, 352), (8, 64, 384)],
+)
+def test_rows_give_the_same_bits_alone_and_in_a_batch(
+    path: str, bits: int, group_size: int, k: int, int8: bool
+) -> None:
     """Batched decode must equal solo decode: a row's result never depends on its neighbours
     (nor on the weight rows it is computed with: 203 is not a multiple of 4), and the layers
     fused into one call give each layer's own bits (tail of 3 rows below)."""
-    wq, scales, biases = _quantized(203, 384, 64, bits)
-    x = mx.random.normal((9, 384), key=mx.random.key(9))
-    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 64, bits, int8))
+    wq, scales, biases = _quantized(203, k, group_size, bits)
+    x = mx.random.normal((9, k), key=mx.random.key(9))
+    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, bits, int8))
     for row in range(9):
-        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, 64, bits, int8)
+        one = x[row : row + 1]
+        alone = kernels.quantized_matmul(one, wq, scales, biases, group_size, bits, int8)
         np.testing.assert_array_equal(np.array(alone)[0], batch[row])
         tail = kernels.quantized_matmul(
-            x[row : row + 1], wq[200:], scales[200:], biases[200:], 64, bits, int8
+            one, wq[200:], scales[200:], biases[200:], group_size, bits, int8
         )
         np.testing.assert_array_equal(np.array(tail)[0], batch[row, 200:])
+    dense = x @ mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits).T
+    tolerance = 5e-2 if int8 else 1e-3  # int8 rounds x (its own test holds it to its definition)
+    np.testing.assert_allclose(batch, np.array(dense), rtol=tolerance, atol=tolerance * 50)
 
 
-@pytest.mark.parametrize(("bits", "group_size"), [(4, 32), (8, 32), (4, 128), (8, 64)])
-def test_many_rows_give_each_row_its_own_bits(bits: int, group_size: int) -> None:
+@pytest.mark.parametrize(("bits", "group_size"), [(4, 32), (8, 32), (4, 64), (4, 128), (8, 64)])
+def test_many_rows_give_each_row_its_own_bits(path: str, bits: int, group_size: int) -> None:
     """The many-rows kernel (tiles of 32 rows of 1536 here: 70 = 2 tiles + 6, blocks of 4 rows
     + a tail of 2) gives every row the bits of that row alone, and the dense product's values."""
     wq, scales, biases = _quantized(67, 1536, group_size, bits)

@@ -42,8 +42,14 @@ from exo_engine_mlx.blas import loaded_blas
 # (bench/profiles/batch8_step_smollm2.txt). Without a fast BLAS the kernel always wins.
 # Where the float32 weights are kept (`keep_dense_weights`) the choice is the same, the
 # dequantizing just is not paid again: a decode batch takes exactly the path it took before.
+# The kernels' AVX-512 path (`kernel_rate`) moves the crossover to ~120 rows.
 KERNEL_GFLOPS = 45.0
 BLAS_GFLOPS = 75.0
+# On AVX-512 (4-bit layers, float activations) the kernel runs ~0.9x the sgemm's rate: 84-102
+# GFLOP/s a thread against 104-108 on SmolLM2's layers at 8, 40 and 360 rows (Zen 5, quiet,
+# bench/bench_cpu_kernels.py --threads 1, 2026-12-02). So the kernel up to ~120 rows a layer: a
+# short prompt stays on it, 8 prompts at once take BLAS.
+KERNEL_GFLOPS_AVX512 = 0.9 * BLAS_GFLOPS
 DEQUANTIZE_GBPS = 12.0
 LARGE_DEQUANTIZE_GBPS = 1.0
 LARGE_DENSE_BYTES = 32 << 20
@@ -96,26 +102,46 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
     w, scales, biases = m["weight"], m["scales"], m["biases"]
     rows = x.size // x.shape[-1] if x.ndim else 1
-    if _dequantize_pays_here(rows, w.shape[0], x.shape[-1]):
+    if _dequantize_pays_here(rows, w.shape[0], x.shape[-1], int(m.bits)):
         return x.astype(mx.float32) @ dense_weight(m).T
     int8 = bool(getattr(m, "int8_activations", True))
     bits, group_size = _layout(m)
     return kernels.quantized_matmul(x, w, scales, biases, group_size, bits, int8)
 
 
-def dequantize_pays(rows: int, out_features: int, in_features: int) -> bool:
+def dequantize_pays(
+    rows: int, out_features: int, in_features: int, kernel_gflops: float = KERNEL_GFLOPS
+) -> bool:
     """Whether dequantize + BLAS costs less CPU than the kernel for `rows` rows of x (the cost
-    model above; a fast BLAS loaded)."""
+    model above; a fast BLAS loaded; `kernel_gflops` the kernel's rate, `kernel_rate`)."""
     flop = 2.0 * rows * out_features * in_features
     dense_bytes = 4.0 * out_features * in_features
     dequantize_gbps = LARGE_DEQUANTIZE_GBPS if dense_bytes > LARGE_DENSE_BYTES else DEQUANTIZE_GBPS
-    kernel_s = flop / (KERNEL_GFLOPS * 1e9)
+    kernel_s = flop / (kernel_gflops * 1e9)
     blas_s = flop / (BLAS_GFLOPS * 1e9) + dense_bytes / (dequantize_gbps * 1e9)
     return blas_s < kernel_s
 
 
-def _dequantize_pays_here(rows: int, out_features: int, in_features: int) -> bool:
-    return _fast_blas() and dequantize_pays(rows, out_features, in_features)
+def kernel_rate(bits: int, in_features: int, simd: str | None = None) -> float:
+    """The kernel's GFLOP/s a thread for a layer (`simd`: the kernels' path on this CPU,
+    `simd()` when None). AVX-512's gain shows on 4-bit layers whose input width 64 divides; its
+    8-bit path runs ~0.7x the sgemm's rate, near AVX2's ratio, so those keep the AVX2 figure."""
+    simd = kernels.simd() if simd is None else simd
+    if simd.startswith("avx512") and bits == 4 and in_features % 64 == 0:
+        return KERNEL_GFLOPS_AVX512
+    return KERNEL_GFLOPS
+
+
+def _dequantize_pays_here(rows: int, out_features: int, in_features: int, bits: int) -> bool:
+    if not _fast_blas():
+        return False
+    rate = kernel_rate(bits, in_features, _simd())
+    return dequantize_pays(rows, out_features, in_features, rate)
+
+
+@functools.cache
+def _simd() -> str:
+    return kernels.simd()
 
 
 @functools.cache
@@ -272,7 +298,9 @@ class FusedLinear:
         """Whether the kernel, not dequantize + BLAS, is the cheaper way for `rows` rows of x
         (for every part: a part that would take the BLAS path takes it)."""
         cols = int(self.weight.shape[1]) * 32 // self.bits
-        return not any(_dequantize_pays_here(rows, p["weight"].shape[0], cols) for p in self.parts)
+        return not any(
+            _dequantize_pays_here(rows, p["weight"].shape[0], cols, self.bits) for p in self.parts
+        )
 
     def __call__(self, x: mx.array) -> list[mx.array]:
         rows = x.size // x.shape[-1] if x.ndim else 1
