@@ -595,12 +595,12 @@ __attribute__((target("avx2,fma"))) inline void expand_row(const Problem& p, int
 }
 
 // Outputs [m0, m0 + R) x [n, n + W), groups [g0, g1): q[w] = expanded weight row n + w, x
-// row m0 of the tile's float rows (p.xp's order for 4 bits, p.x's for 8), xst the block's
-// xsum transposed ([G][4]), `carry` the running totals between group ranges ([W][R][8]:
-// stored and reloaded exactly). The last range writes the outputs. VECS = group / 8.
+// row m0 of the tile's float rows (p.xp's order for 4 bits, p.x's for 8), bias the outputs'
+// bias terms ([W][4], `bias_terms`), `carry` the running totals between group ranges
+// ([W][R][8]: stored and reloaded exactly). The last range writes the outputs. VECS = group / 8.
 template <int W, int R, int VECS>
 __attribute__((target("avx2,fma"))) inline void tile_block(
-    const Problem& p, const float* const* q, const float* x, const float* xst, int64_t n,
+    const Problem& p, const float* const* q, const float* x, const float* bias, int64_t n,
     int64_t m0, int64_t g0, int64_t g1, float* carry) {
   const float* xr[R];
   for (int r = 0; r < R; ++r) xr[r] = x + r * p.K;
@@ -639,30 +639,22 @@ __attribute__((target("avx2,fma"))) inline void tile_block(
       for (int r = 0; r < R; ++r) _mm256_store_ps(carry + 8 * (w * R + r), total[w][r]);
     return;
   }
-  for (int w = 0; w < W; ++w) {
-    const float* br = p.biases + (n + w) * p.G;
-    __m128 bias_term = _mm_setzero_ps();
-    for (int64_t g = 0; g < p.G; ++g)
-      bias_term = _mm_add_ps(
-          bias_term, _mm_mul_ps(_mm_set1_ps(br[g]), _mm_load_ps(xst + 4 * g)));
-    alignas(16) float bt[4];
-    _mm_store_ps(bt, bias_term);
+  for (int w = 0; w < W; ++w)
     for (int r = 0; r < R; ++r)
-      p.out[(m0 + r) * p.N + n + w] = hsum(total[w][r]) + bt[r];
-  }
+      p.out[(m0 + r) * p.N + n + w] = hsum(total[w][r]) + bias[4 * w + r];
 }
 
 // One block of `rows` (1..R) rows: the block size is a compile-time constant.
 template <int R, int VECS>
 __attribute__((target("avx2,fma"))) inline void tile_block_rows(
-    int64_t rows, const Problem& p, const float* const* q, const float* x, const float* xst,
+    int64_t rows, const Problem& p, const float* const* q, const float* x, const float* bias,
     int64_t n, int64_t m0, int64_t g0, int64_t g1, float* carry) {
   static_assert(R == 4, "blocks of 4 rows and their tails");
   switch (rows) {
-    case 4: tile_block<1, 4, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
-    case 3: tile_block<1, 3, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
-    case 2: tile_block<1, 2, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
-    default: tile_block<1, 1, VECS>(p, q, x, xst, n, m0, g0, g1, carry); break;
+    case 4: tile_block<1, 4, VECS>(p, q, x, bias, n, m0, g0, g1, carry); break;
+    case 3: tile_block<1, 3, VECS>(p, q, x, bias, n, m0, g0, g1, carry); break;
+    case 2: tile_block<1, 2, VECS>(p, q, x, bias, n, m0, g0, g1, carry); break;
+    default: tile_block<1, 1, VECS>(p, q, x, bias, n, m0, g0, g1, carry); break;
   }
 }
 
@@ -707,12 +699,13 @@ __attribute__((target("avx2,fma"))) void rows_avx2_tiled(
       for (int64_t m0 = t0; m0 < t1; m0 += R) {
         const int64_t rows = std::min<int64_t>(R, t1 - m0);
         const float* xb = xtile + (m0 - t0) * p.K;
-        const float* xsb = xst + 4 * p.G * ((m0 - t0) / R);
+        alignas(16) float bias[batch][4];
+        exo_kernels::bias_terms(p.biases, p.G, nb, nb1, xst + 4 * p.G * ((m0 - t0) / R), bias);
         for (int64_t g0 = 0; g0 < p.G; g0 += span_groups) {
           const int64_t g1 = std::min(p.G, g0 + span_groups);
           for (int64_t n = nb; n < nb1; ++n) {
             const float* q[1] = {buf.get() + (n - nb) * p.K};
-            tile_block_rows<R, VECS>(rows, p, q, xb, xsb, n, m0, g0, g1, carry[n - nb]);
+            tile_block_rows<R, VECS>(rows, p, q, xb, bias[n - nb], n, m0, g0, g1, carry[n - nb]);
           }
         }
       }

@@ -233,11 +233,11 @@ EXO_AVX512 inline void expand_row(const Problem& p, int64_t n, float* q, int64_t
 }
 
 // Outputs [m0, m0 + R) x [n, n + W), units [u0, u1): q[w] = expanded weight row n + w, x the
-// block's first row (permuted), xst the block's xsum transposed ([G][4]), `carry` the running
-// totals between unit ranges ([W][R][16], stored and reloaded exactly).
+// block's first row (permuted), bias the outputs' bias terms ([W][4], `bias_terms`), `carry`
+// the running totals between unit ranges ([W][R][16], stored and reloaded exactly).
 template <int BITS, int GS, int W, int R>
 EXO_AVX512 inline void tile_block(
-    const Problem& p, const float* const* q, const float* x, const float* xst, int64_t n,
+    const Problem& p, const float* const* q, const float* x, const float* bias, int64_t n,
     int64_t m0, int64_t u0, int64_t u1, float* carry) {
   constexpr int64_t unit = kUnit<BITS, GS>;
   const int64_t units = p.K / unit;
@@ -277,27 +277,20 @@ EXO_AVX512 inline void tile_block(
       for (int r = 0; r < R; ++r) _mm512_store_ps(carry + 16 * (w * R + r), total[w][r]);
     return;
   }
-  for (int w = 0; w < W; ++w) {
-    const float* br = p.biases + (n + w) * p.G;
-    __m128 bias_term = _mm_setzero_ps();
-    for (int64_t g = 0; g < p.G; ++g)
-      bias_term =
-          _mm_add_ps(bias_term, _mm_mul_ps(_mm_set1_ps(br[g]), _mm_load_ps(xst + 4 * g)));
-    alignas(16) float bt[4];
-    _mm_store_ps(bt, bias_term);
-    for (int r = 0; r < R; ++r) p.out[(m0 + r) * p.N + n + w] = hsum512(total[w][r]) + bt[r];
-  }
+  for (int w = 0; w < W; ++w)
+    for (int r = 0; r < R; ++r)
+      p.out[(m0 + r) * p.N + n + w] = hsum512(total[w][r]) + bias[4 * w + r];
 }
 
 template <int BITS, int GS, int W>
 EXO_AVX512 inline void tile_rows(
-    int64_t rows, const Problem& p, const float* const* q, const float* x, const float* xst,
+    int64_t rows, const Problem& p, const float* const* q, const float* x, const float* bias,
     int64_t n, int64_t m0, int64_t u0, int64_t u1, float* carry) {
   switch (rows) {
-    case 4: tile_block<BITS, GS, W, 4>(p, q, x, xst, n, m0, u0, u1, carry); break;
-    case 3: tile_block<BITS, GS, W, 3>(p, q, x, xst, n, m0, u0, u1, carry); break;
-    case 2: tile_block<BITS, GS, W, 2>(p, q, x, xst, n, m0, u0, u1, carry); break;
-    default: tile_block<BITS, GS, W, 1>(p, q, x, xst, n, m0, u0, u1, carry); break;
+    case 4: tile_block<BITS, GS, W, 4>(p, q, x, bias, n, m0, u0, u1, carry); break;
+    case 3: tile_block<BITS, GS, W, 3>(p, q, x, bias, n, m0, u0, u1, carry); break;
+    case 2: tile_block<BITS, GS, W, 2>(p, q, x, bias, n, m0, u0, u1, carry); break;
+    default: tile_block<BITS, GS, W, 1>(p, q, x, bias, n, m0, u0, u1, carry); break;
   }
 }
 
@@ -322,17 +315,18 @@ EXO_AVX512 void many_rows(const Problem& p, int64_t n0, int64_t n1) {
       for (int64_t m0 = t0; m0 < t1; m0 += R) {
         const int64_t rows = std::min<int64_t>(R, t1 - m0);
         const float* xb = p.xp + m0 * p.K;
-        const float* xsb = p.xst + 4 * p.G * (m0 / R);
+        alignas(16) float bias[batch][4];
+        bias_terms(p.biases, p.G, nb, nb1, p.xst + 4 * p.G * (m0 / R), bias);
         for (int64_t u0 = 0; u0 < units; u0 += span) {
           const int64_t u1 = std::min(units, u0 + span);
           int64_t n = nb;
           for (; n + 2 <= nb1; n += 2) {
             const float* q[2] = {buf + (n - nb) * p.K, buf + (n + 1 - nb) * p.K};
-            tile_rows<BITS, GS, 2>(rows, p, q, xb, xsb, n, m0, u0, u1, carry[n - nb]);
+            tile_rows<BITS, GS, 2>(rows, p, q, xb, bias[n - nb], n, m0, u0, u1, carry[n - nb]);
           }
           for (; n < nb1; ++n) {
             const float* q[1] = {buf + (n - nb) * p.K};
-            tile_rows<BITS, GS, 1>(rows, p, q, xb, xsb, n, m0, u0, u1, carry[n - nb]);
+            tile_rows<BITS, GS, 1>(rows, p, q, xb, bias[n - nb], n, m0, u0, u1, carry[n - nb]);
           }
         }
       }
