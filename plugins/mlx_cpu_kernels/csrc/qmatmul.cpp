@@ -157,15 +157,7 @@ void rows_scalar_q8(const Problem& p, int64_t n0, int64_t n1) {
 #ifdef EXO_X86
 using exo_kernels::hsum;
 
-// Weight row n (if there is one) into the cache ahead of its reads: a small layer's rows are
-// too short for the hardware prefetcher to run ahead of a decode step (~20 % of the step's
-// matmul time on SmolLM2; qmatmul_avx512.cpp does the same).
-inline void prefetch_row(const Problem& p, int64_t n) {
-  if (n >= p.N) return;
-  const int64_t row_bytes = p.K * p.bits / 8;
-  const char* row = reinterpret_cast<const char*>(p.w) + n * row_bytes;
-  for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
-}
+using exo_kernels::prefetch_row;
 
 // The integer weights of one group, expanded to floats (8 per vector), into `q`.
 __attribute__((target("avx2,fma"))) inline void expand_group(

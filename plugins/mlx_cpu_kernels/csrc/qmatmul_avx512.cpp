@@ -209,15 +209,10 @@ EXO_AVX512 void one_row(const Problem& p, int64_t n0, int64_t n1) {
 // every row of an L2-sized tile of x, here W = 2 weight rows x R = 4 rows of x of accumulators
 // (24 of the 32 vector registers), over ranges of units that fit L1 with the block.
 
-// Weight row n as floats, in the lane order of x (permute_x512's for 4 bits). The row `ahead`
-// rows on is prefetched meanwhile: the next batch's, read after this batch's products, which
-// otherwise wait on memory (~17 % of an 8-row decode step's samples sat on these loads).
+// Weight row n as floats, in the lane order of x (permute_x512's for 4 bits).
 template <int BITS>
-EXO_AVX512 inline void expand_row(const Problem& p, int64_t n, float* q, int64_t ahead) {
-  const int64_t row_bytes = p.K * BITS / 8;
-  const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w) + n * row_bytes;
-  for (int64_t line = 0; line < row_bytes; line += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(wr + ahead * row_bytes + line), _MM_HINT_T0);
+EXO_AVX512 inline void expand_row(const Problem& p, int64_t n, float* q) {
+  const uint8_t* wr = reinterpret_cast<const uint8_t*>(p.w) + n * (p.K * BITS / 8);
   for (int64_t first = 0; first < p.K; first += 64) {
     if constexpr (BITS == 4) {
       const __m512i v = words64(reinterpret_cast<const uint32_t*>(wr + first / 2));
@@ -299,7 +294,7 @@ EXO_AVX512 void many_rows(const Problem& p, int64_t n0, int64_t n1) {
   constexpr int R = 4;
   constexpr int64_t unit = kUnit<BITS, GS>;
   const int64_t units = p.K / unit;
-  // Rows of x per tile (read from p.xp in place: 64-byte aligned rows, K % 64 == 0).
+  // Rows of x per tile (read from p.xp in place: 64-byte aligned rows, K % 16 == 0).
   const int64_t tile = std::min(p.M, std::max<int64_t>(R, (196608 / (p.K * 4)) / R * R));
   constexpr int64_t batch = 8;  // weight rows expanded at once (in L2)
   const int64_t span = std::max<int64_t>(1, 640 / unit);  // units per pass (in L1)
@@ -310,8 +305,12 @@ EXO_AVX512 void many_rows(const Problem& p, int64_t n0, int64_t n1) {
     const int64_t t1 = std::min(p.M, t0 + tile);
     for (int64_t nb = n0; nb < n1; nb += batch) {
       const int64_t nb1 = std::min(n1, nb + batch);
-      for (int64_t n = nb; n < nb1; ++n)
-        expand_row<BITS>(p, n, buf + (n - nb) * p.K, n + batch < p.N ? batch : 0);
+      for (int64_t n = nb; n < nb1; ++n) {
+        // The next batch's row, read after this batch's products: without it those reads
+        // waited on memory (~17 % of an 8-row decode step's samples).
+        prefetch_row(p, n + batch);
+        expand_row<BITS>(p, n, buf + (n - nb) * p.K);
+      }
       for (int64_t m0 = t0; m0 < t1; m0 += R) {
         const int64_t rows = std::min<int64_t>(R, t1 - m0);
         const float* xb = p.xp + m0 * p.K;
