@@ -7,4 +7,11 @@ if ! command -v uv >/dev/null 2>&1; then
   python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
 fi
 # Builds every workspace member, including the Rust libp2p wheel, and installs dev tools.
-uv sync --all-packages --locked --quiet
+# The first run compiles Rust and C++ for a few minutes: say so, and show uv's progress.
+if [ ! -x .venv/bin/exo ]; then
+  echo "installing exo into .venv (the first time builds the Rust libp2p wheel and the C++" >&2
+  echo "kernels: about 3 minutes on 2 cores)..." >&2
+  uv sync --all-packages --locked
+else
+  uv sync --all-packages --locked --quiet
+fi

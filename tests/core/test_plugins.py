@@ -57,6 +57,16 @@ BROKEN = """
 raise RuntimeError("this plugin is broken on purpose")
 """
 
+# Loads, then fails in a start-up hook: left out of the running node.
+BAD_ROUTES = """
+from exo_core.plugin import hookimpl
+
+
+@hookimpl
+def exo_routes(ctx):
+    raise RuntimeError("no routes today")
+"""
+
 
 def make_package(root: Path, dist: str, name: str, module: str, code: str) -> Path:
     pkg = root / dist
@@ -71,6 +81,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("plugins")
     good = make_package(root, "exo-hello", "hello", "exo_hello_plugin", GOOD)
     broken = make_package(root, "exo-broken", "broken", "exo_broken_plugin", BROKEN)
+    bad_routes = make_package(root, "exo-bad-routes", "bad_routes", "exo_bad_routes", BAD_ROUTES)
     target = root / "site"
     subprocess.run(
         [
@@ -83,6 +94,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(target),
             str(good),
             str(broken),
+            str(bad_routes),
         ],
         check=True,
         timeout=300,
@@ -152,3 +164,15 @@ def test_the_plugin_route_is_served_and_the_broken_plugin_is_skipped(
     assert "broken" in err and "skipped" in err
     assert "starting exo (pid" in err
     assert "stopped" in err
+
+
+def test_a_plugin_left_out_by_a_startup_hook_is_listed_once_as_failed(
+    served: tuple[str, subprocess.Popen[str]],
+) -> None:
+    url, _ = served
+    body = httpx.get(f"{url}/plugins").json()
+    loaded = [p["distribution"] for p in body["plugins"]]
+    failed = [f["name"] for f in body["failed"]]
+    assert "exo-hello" in loaded
+    assert "exo-bad-routes" not in loaded  # pluggy keeps its distinfo after it is left out
+    assert failed.count("bad_routes") == 1

@@ -8,7 +8,7 @@ below, found through the entry point group `exo.plugins`::
     my_plugin = "my_package.plugin"
 
     # my_package/plugin.py
-    from exo_core.hookspecs import hookimpl
+    from exo_core.plugin import hookimpl
 
     @hookimpl
     def exo_routes(ctx):

@@ -101,6 +101,8 @@ class PluginHost:
         """The plugins loaded from entry points, with their distributions and hooks."""
         infos = []
         for plugin, dist in self.pm.list_plugin_distinfo():
+            if not self.pm.is_registered(plugin):
+                continue  # left out after a failure: pluggy keeps its distinfo, `failures` has it
             hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or []))
             infos.append(
                 PluginInfo(
