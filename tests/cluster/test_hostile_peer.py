@@ -11,18 +11,24 @@ A failing seed replays: `pytest tests/cluster/test_hostile_peer.py -k "keyed-see
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from exo_core import node as node_module
 from exo_core.commands import (
     AddModelCard,
+    Command,
     CommandEnvelope,
     CommandResult,
+    DeleteDownload,
+    PlaceInstance,
     ReportEvents,
 )
 from exo_core.events import (
@@ -37,6 +43,7 @@ from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskI
 from exo_core.model_cards import ModelCard
 from exo_core.state import Instance, NodeResources, ShardAssignment
 from exo_core.testing.peer_fuzz import HostilePeer, forged_card, forged_in
+from exo_core.testing.processes import exo_processes, wait_until
 from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
 from exo_core.transport.memory import Faults, MemoryNetwork, MemoryTransport
 from exo_core.wire import (
@@ -53,6 +60,9 @@ from exo_core.wire import (
     decode_response,
     encode,
 )
+from exo_transport_libp2p.testing import make_node
+from exo_transport_libp2p.testing import wait_until as wait_async
+from exo_transport_libp2p.transport import Libp2pTransport
 
 HONEST = 3
 MALLORY = "mallory"
@@ -456,3 +466,103 @@ def test_seeded_hostile_peer_stops_nobody_and_forges_nothing(
 ) -> None:
     sent = fuzz(tmp_path, seed, keyed)
     assert sum(sent.values()) > 100, sent
+
+
+# -- a real libp2p peer that holds the cluster key -----------------------------------------
+
+KEY = "the-cluster-key"
+SMOL = "SmolLM2-135M-Instruct"
+SMOL_FOLDER = "SmolLM2-135M-Instruct-Q4_1-mlx"
+
+
+async def _command(peer: Libp2pTransport, master: str, command: Command) -> CommandResult:
+    envelope = CommandEnvelope(
+        command_id=CommandId(f"attack-{random.randrange(1 << 30)}"),
+        origin=NodeId(peer.node_id),
+        command=command,
+    )
+    answer = decode_response(await peer.request(master, encode(envelope), timeout=30))
+    assert isinstance(answer, CommandResult), answer
+    return answer
+
+
+@pytest.mark.slow
+def test_a_keyed_libp2p_peer_cannot_take_over_cards_placement_or_folders(tmp_path: Path) -> None:
+    """The attacks of issue 25 from a second libp2p peer holding the key, against a real node:
+    a forged built-in card, a card that asks for remote code or names a directory outside
+    the models directory, a telemetry magnet, and a deletion naming a folder."""
+    data = tmp_path / "node0"
+    (data / "models" / SMOL_FOLDER).mkdir(parents=True)
+    (data / "models" / SMOL_FOLDER / "config.json").write_text("{}")
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "config.json").write_text('{"model_type": "llama"}')
+    with exo_processes(tmp_path, 1, extra_args=[["--cluster-key", KEY]]) as (node,):
+        wait_until(lambda: node.state()["nodes"], timeout=180)
+        victim = str(node.get("/node_id")["node_id"])
+        builtin = next(m for m in node.get("/models")["models"] if m["model_id"] == SMOL)
+        del builtin["downloads"]
+        original = msgspec.convert(builtin, ModelCard)
+
+        async def attack() -> list[CommandResult]:
+            peer = make_node(tmp_path / "mallory", [node.bootstrap_addr], "test-cluster",
+                             cluster_key=KEY)  # fmt: skip
+            await peer.start()
+            try:
+                await wait_async(lambda: victim in peer.peers(), timeout=60)
+                me = NodeId(peer.node_id)
+                forged = msgspec.structs.replace(
+                    original, source=f"local:{evil}", trust_remote_code=True
+                )
+                remote_code = msgspec.structs.replace(
+                    forged, model_id=ModelId("forged-remote-code"), custom=True
+                )
+                outside = msgspec.structs.replace(
+                    remote_code, model_id=ModelId("forged-outside"), trust_remote_code=False
+                )
+                magnet = NodeTelemetry(
+                    node_id=me, hostname="mallory", timestamp=time.time(),
+                    resources=NodeResources(memory_total=1 << 50, memory_available=1 << 50,
+                                            engines=("mlx",)),
+                )  # fmt: skip
+                pin = (NodeId(victim),)
+                answers = [
+                    await _command(peer, victim, c)
+                    for c in [
+                        AddModelCard(card=forged),
+                        ReportEvents(events=(magnet,)),
+                        AddModelCard(card=remote_code),
+                        AddModelCard(card=outside),
+                    ]
+                ]
+
+                def serves() -> bool:  # the victim reports it can serve the new cards
+                    resources = node.state()["nodes"][victim]["resources"]
+                    return {"forged-remote-code", "forged-outside"} <= set(resources["serves"])
+
+                await asyncio.to_thread(wait_until, serves, 60)
+                for card in (remote_code, outside):
+                    place = PlaceInstance(model_id=card.model_id, nodes=pin)
+                    answers.append(await _command(peer, victim, place))
+                deletion = DeleteDownload(node_id=NodeId(victim), model_id=ModelId(SMOL_FOLDER))
+                return [*answers, await _command(peer, victim, deletion)]
+            finally:
+                await peer.stop()
+
+        replaced, magnet, *added, deleted = asyncio.run(attack())
+        assert all(a.ok for a in added), added  # new cards and their placements: as HTTP could
+        # The built-in card stays the node's own.
+        assert replaced.status == 409 and "built-in" in replaced.message, replaced
+        card = next(m for m in node.get("/models")["models"] if m["model_id"] == SMOL)
+        assert card["source"] == original.source and not card["trust_remote_code"]
+        # The magnet is refused, and the peer is not in state with 1 PiB.
+        assert magnet.status == 403 and "implausible" in magnet.message, magnet
+        assert all(n["resources"]["memory_total"] < 1 << 50 for n in node.state()["nodes"].values())
+        # The node refuses to run either card (and says why), and runs nothing from `evil`.
+        wait_until(lambda: "--trust-remote-code forged-remote-code" in node.log(), timeout=60)
+        wait_until(lambda: "outside this node's models directories" in node.log(), timeout=60)
+        wait_until(lambda: not node.state()["instances"], timeout=60)
+        # The deletion naming a folder that is not a download of that name deletes nothing.
+        assert deleted.ok, deleted
+        wait_until(lambda: f"not deleting {data / 'models' / SMOL_FOLDER}" in node.log(), 60)
+        assert (data / "models" / SMOL_FOLDER / "config.json").exists()
