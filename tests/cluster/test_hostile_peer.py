@@ -39,11 +39,13 @@ from exo_core.events import (
     NodeTimedOut,
 )
 from exo_core.generation import TextChunk
+from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import ModelCard
 from exo_core.state import Instance, NodeResources, ShardAssignment
-from exo_core.testing.peer_fuzz import HostilePeer, forged_card, forged_in
+from exo_core.testing.peer_fuzz import HostilePeer, forged_builtin, forged_card, forged_in, magnet
 from exo_core.testing.processes import exo_processes, wait_until
+from exo_core.testing.scripted_engine import ECHO
 from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
 from exo_core.transport.memory import Faults, MemoryNetwork, MemoryTransport
 from exo_core.wire import (
@@ -84,6 +86,14 @@ async def formed(cluster: SimCluster) -> NodeId:
     return cluster.masters()[0].node.node_id
 
 
+class BuiltinCards:
+    """The honest nodes' built-in cards (what a member would like to replace)."""
+
+    @hookimpl
+    def exo_model_cards(self) -> list[ModelCard]:
+        return [ECHO]
+
+
 def with_mallory(
     tmp_path: Path,
     body: Callable[[SimCluster, MemoryTransport, NodeId], Awaitable[None]],
@@ -92,7 +102,7 @@ def with_mallory(
     network = MemoryNetwork(seed=1, faults=faults or Faults())
 
     async def run() -> None:
-        async with sim_cluster(tmp_path, HONEST, network) as cluster:
+        async with sim_cluster(tmp_path, HONEST, network, lambda i: [BuiltinCards()]) as cluster:
             master = await formed(cluster)
             mallory = network.transport(MALLORY)
             await mallory.start()
@@ -270,6 +280,45 @@ def test_forged_event_batches_and_reports_are_not_applied(tmp_path: Path) -> Non
     with_mallory(tmp_path, body)
 
 
+def test_a_member_cannot_replace_a_built_in_card_or_claim_impossible_memory(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 in the simulation: mallory speaks for itself, as a member may, and asks for
+    what its node's HTTP API could not do."""
+
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        me = NodeId(MALLORY)
+        answers = []
+        for i, command in enumerate(
+            [
+                AddModelCard(card=forged_builtin(ECHO)),
+                ReportEvents(events=(magnet(me),)),
+                ReportEvents(events=(NodeTelemetry(node_id=me, hostname="forged-more-than-all",
+                    resources=NodeResources(memory_total=1 << 30, memory_available=2 << 30),
+                    timestamp=1.0),)),
+            ]
+        ):  # fmt: skip
+            envelope = CommandEnvelope(command_id=CommandId(f"m{i}"), origin=me, command=command)
+            answers.append(decode_response(await mallory.request(master, encode(envelope))))
+        assert [a.status for a in answers if isinstance(a, CommandResult)] == [409, 403, 403]
+        # Honest telemetry of its own is a fact it may report; then a jump is refused.
+        for i, total in enumerate([16 << 30, 1 << 40]):
+            honest = NodeTelemetry(node_id=me, hostname=MALLORY, timestamp=2.0 + i,
+                                   resources=NodeResources(memory_total=total))  # fmt: skip
+            envelope = CommandEnvelope(
+                command_id=CommandId(f"t{i}"), origin=me, command=ReportEvents(events=(honest,))
+            )
+            answer = decode_response(await mallory.request(master, encode(envelope)))
+            assert isinstance(answer, CommandResult) and answer.status == (200, 403)[i], answer
+        await anyio.sleep(2)
+        for n in cluster.nodes:
+            assert forged_in(n.node.replica.log, MALLORY) == []
+            assert n.node.card(ECHO.model_id) == ECHO
+            assert n.node.state.nodes[me].resources.memory_total == 16 << 30
+
+    with_mallory(tmp_path, body)
+
+
 def test_forged_acks_never_count_towards_a_majority(tmp_path: Path) -> None:
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         followers = follower_ids(cluster, master)
@@ -423,7 +472,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
                 await anyio.sleep(rng.uniform(0.05, 0.3))
 
     async def body() -> dict[str, int]:
-        async with sim_cluster(root, HONEST, network) as cluster:
+        async with sim_cluster(root, HONEST, network, lambda i: [BuiltinCards()]) as cluster:
             await formed(cluster)
             transport = network.transport(MALLORY, network_key="" if keyed else "no key")
             await transport.start()
@@ -432,6 +481,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
                 random.Random(seed + 7),
                 honest=lambda: [n.node.node_id for n in cluster.nodes],
                 state=lambda: cluster.nodes[0].node.state,
+                builtin=lambda: [ECHO],
             )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(clients, cluster)
@@ -444,6 +494,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
             logs = [list(n.node.replica.log) for n in cluster.nodes]
             assert all(log == logs[0] for log in logs)
             assert forged_in(logs[0], MALLORY) == []
+            assert all(n.node.card(ECHO.model_id) == ECHO for n in cluster.nodes)
             held = set(cluster.nodes[0].node.state.model_cards)
             missing = [name for name in acknowledged if name not in held]
             assert not missing, f"acknowledged but lost: {missing}"
