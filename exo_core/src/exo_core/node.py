@@ -73,7 +73,7 @@ from exo_core.transport.base import (
     TransportMessage,
 )
 from exo_core.transport.memory import MemoryNetwork
-from exo_core.trust import card_to_run
+from exo_core.trust import card_to_run, placement_view
 from exo_core.votes import VoteBook
 from exo_core.wire import (
     ELECTION_TOPIC,
@@ -246,7 +246,9 @@ class Node:
         card = self.card(request.model_id)
         if card is None:
             return []
-        return self._place(card, request, self.state)
+        # Previews show only what this node would ask for: not on the nodes it excludes.
+        excluded = tuple(NodeId(n) for n in self.config.exclude_nodes)
+        return self._place(card, request, placement_view(self.state, (), excluded))
 
     def _place(
         self, card: ModelCard, request: PlacementRequest, state: State
