@@ -6,6 +6,10 @@ names or in roles it does not hold, and answers requests with bytes that are not
 The seeded fuzzer at the end sends random, truncated and forged messages from a peer without
 the cluster key (the network never links it) and from one with it.
 
+The last test runs issue 25's attacks (a forged built-in card, remote code, a `local:` source
+outside the models directory, a 1 PiB telemetry magnet, a deletion naming a folder) from a
+real second libp2p peer holding the key, against a real `exo` process.
+
 A failing seed replays: `pytest tests/cluster/test_hostile_peer.py -k "keyed-seed_7"`.
 """
 
