@@ -6,23 +6,33 @@ names or in roles it does not hold, and answers requests with bytes that are not
 The seeded fuzzer at the end sends random, truncated and forged messages from a peer without
 the cluster key (the network never links it) and from one with it.
 
+The last test runs issue 25's attacks (a forged built-in card, remote code, a `local:` source
+outside the models directory, a 1 PiB telemetry magnet, a deletion naming a folder) from a
+real second libp2p peer holding the key, against a real `exo` process.
+
 A failing seed replays: `pytest tests/cluster/test_hostile_peer.py -k "keyed-seed_7"`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
+import msgspec
 import pytest
 
 from exo_core import node as node_module
 from exo_core.commands import (
     AddModelCard,
+    Command,
     CommandEnvelope,
     CommandResult,
+    DeleteDownload,
+    PlaceInstance,
     ReportEvents,
 )
 from exo_core.events import (
@@ -33,10 +43,13 @@ from exo_core.events import (
     NodeTimedOut,
 )
 from exo_core.generation import TextChunk
+from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId
 from exo_core.model_cards import ModelCard
 from exo_core.state import Instance, NodeResources, ShardAssignment
-from exo_core.testing.peer_fuzz import HostilePeer, forged_card, forged_in
+from exo_core.testing.peer_fuzz import HostilePeer, forged_builtin, forged_card, forged_in, magnet
+from exo_core.testing.processes import exo_processes, wait_until
+from exo_core.testing.scripted_engine import ECHO
 from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
 from exo_core.transport.memory import Faults, MemoryNetwork, MemoryTransport
 from exo_core.wire import (
@@ -53,6 +66,9 @@ from exo_core.wire import (
     decode_response,
     encode,
 )
+from exo_transport_libp2p.testing import make_node
+from exo_transport_libp2p.testing import wait_until as wait_async
+from exo_transport_libp2p.transport import Libp2pTransport
 
 HONEST = 3
 MALLORY = "mallory"
@@ -74,6 +90,14 @@ async def formed(cluster: SimCluster) -> NodeId:
     return cluster.masters()[0].node.node_id
 
 
+class BuiltinCards:
+    """The honest nodes' built-in cards (what a member would like to replace)."""
+
+    @hookimpl
+    def exo_model_cards(self) -> list[ModelCard]:
+        return [ECHO]
+
+
 def with_mallory(
     tmp_path: Path,
     body: Callable[[SimCluster, MemoryTransport, NodeId], Awaitable[None]],
@@ -82,7 +106,7 @@ def with_mallory(
     network = MemoryNetwork(seed=1, faults=faults or Faults())
 
     async def run() -> None:
-        async with sim_cluster(tmp_path, HONEST, network) as cluster:
+        async with sim_cluster(tmp_path, HONEST, network, lambda i: [BuiltinCards()]) as cluster:
             master = await formed(cluster)
             mallory = network.transport(MALLORY)
             await mallory.start()
@@ -260,6 +284,45 @@ def test_forged_event_batches_and_reports_are_not_applied(tmp_path: Path) -> Non
     with_mallory(tmp_path, body)
 
 
+def test_a_member_cannot_replace_a_built_in_card_or_claim_impossible_memory(
+    tmp_path: Path,
+) -> None:
+    """Issue 25 in the simulation: mallory speaks for itself, as a member may, and asks for
+    what its node's HTTP API could not do."""
+
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        me = NodeId(MALLORY)
+        answers = []
+        for i, command in enumerate(
+            [
+                AddModelCard(card=forged_builtin(ECHO)),
+                ReportEvents(events=(magnet(me),)),
+                ReportEvents(events=(NodeTelemetry(node_id=me, hostname="forged-more-than-all",
+                    resources=NodeResources(memory_total=1 << 30, memory_available=2 << 30),
+                    timestamp=1.0),)),
+            ]
+        ):  # fmt: skip
+            envelope = CommandEnvelope(command_id=CommandId(f"m{i}"), origin=me, command=command)
+            answers.append(decode_response(await mallory.request(master, encode(envelope))))
+        assert [a.status for a in answers if isinstance(a, CommandResult)] == [409, 403, 403]
+        # Honest telemetry of its own is a fact it may report; then a jump is refused.
+        for i, total in enumerate([16 << 30, 1 << 40]):
+            honest = NodeTelemetry(node_id=me, hostname=MALLORY, timestamp=2.0 + i,
+                                   resources=NodeResources(memory_total=total))  # fmt: skip
+            envelope = CommandEnvelope(
+                command_id=CommandId(f"t{i}"), origin=me, command=ReportEvents(events=(honest,))
+            )
+            answer = decode_response(await mallory.request(master, encode(envelope)))
+            assert isinstance(answer, CommandResult) and answer.status == (200, 403)[i], answer
+        await anyio.sleep(2)
+        for n in cluster.nodes:
+            assert forged_in(n.node.replica.log, MALLORY) == []
+            assert n.node.card(ECHO.model_id) == ECHO
+            assert n.node.state.nodes[me].resources.memory_total == 16 << 30
+
+    with_mallory(tmp_path, body)
+
+
 def test_forged_acks_never_count_towards_a_majority(tmp_path: Path) -> None:
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         followers = follower_ids(cluster, master)
@@ -413,7 +476,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
                 await anyio.sleep(rng.uniform(0.05, 0.3))
 
     async def body() -> dict[str, int]:
-        async with sim_cluster(root, HONEST, network) as cluster:
+        async with sim_cluster(root, HONEST, network, lambda i: [BuiltinCards()]) as cluster:
             await formed(cluster)
             transport = network.transport(MALLORY, network_key="" if keyed else "no key")
             await transport.start()
@@ -422,6 +485,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
                 random.Random(seed + 7),
                 honest=lambda: [n.node.node_id for n in cluster.nodes],
                 state=lambda: cluster.nodes[0].node.state,
+                builtin=lambda: [ECHO],
             )
             async with anyio.create_task_group() as tg:
                 tg.start_soon(clients, cluster)
@@ -434,6 +498,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
             logs = [list(n.node.replica.log) for n in cluster.nodes]
             assert all(log == logs[0] for log in logs)
             assert forged_in(logs[0], MALLORY) == []
+            assert all(n.node.card(ECHO.model_id) == ECHO for n in cluster.nodes)
             held = set(cluster.nodes[0].node.state.model_cards)
             missing = [name for name in acknowledged if name not in held]
             assert not missing, f"acknowledged but lost: {missing}"
@@ -456,3 +521,103 @@ def test_seeded_hostile_peer_stops_nobody_and_forges_nothing(
 ) -> None:
     sent = fuzz(tmp_path, seed, keyed)
     assert sum(sent.values()) > 100, sent
+
+
+# -- a real libp2p peer that holds the cluster key -----------------------------------------
+
+KEY = "the-cluster-key"
+SMOL = "SmolLM2-135M-Instruct"
+SMOL_FOLDER = "SmolLM2-135M-Instruct-Q4_1-mlx"
+
+
+async def _command(peer: Libp2pTransport, master: str, command: Command) -> CommandResult:
+    envelope = CommandEnvelope(
+        command_id=CommandId(f"attack-{random.randrange(1 << 30)}"),
+        origin=NodeId(peer.node_id),
+        command=command,
+    )
+    answer = decode_response(await peer.request(master, encode(envelope), timeout=30))
+    assert isinstance(answer, CommandResult), answer
+    return answer
+
+
+@pytest.mark.slow
+def test_a_keyed_libp2p_peer_cannot_take_over_cards_placement_or_folders(tmp_path: Path) -> None:
+    """The attacks of issue 25 from a second libp2p peer holding the key, against a real node:
+    a forged built-in card, a card that asks for remote code or names a directory outside
+    the models directory, a telemetry magnet, and a deletion naming a folder."""
+    data = tmp_path / "node0"
+    (data / "models" / SMOL_FOLDER).mkdir(parents=True)
+    (data / "models" / SMOL_FOLDER / "config.json").write_text("{}")
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "config.json").write_text('{"model_type": "llama"}')
+    with exo_processes(tmp_path, 1, extra_args=[["--cluster-key", KEY]]) as (node,):
+        wait_until(lambda: node.state()["nodes"], timeout=180)
+        victim = str(node.get("/node_id")["node_id"])
+        builtin = next(m for m in node.get("/models")["models"] if m["model_id"] == SMOL)
+        del builtin["downloads"]
+        original = msgspec.convert(builtin, ModelCard)
+
+        async def attack() -> list[CommandResult]:
+            peer = make_node(tmp_path / "mallory", [node.bootstrap_addr], "test-cluster",
+                             cluster_key=KEY)  # fmt: skip
+            await peer.start()
+            try:
+                await wait_async(lambda: victim in peer.peers(), timeout=60)
+                me = NodeId(peer.node_id)
+                forged = msgspec.structs.replace(
+                    original, source=f"local:{evil}", trust_remote_code=True
+                )
+                remote_code = msgspec.structs.replace(
+                    forged, model_id=ModelId("forged-remote-code"), custom=True
+                )
+                outside = msgspec.structs.replace(
+                    remote_code, model_id=ModelId("forged-outside"), trust_remote_code=False
+                )
+                magnet = NodeTelemetry(
+                    node_id=me, hostname="mallory", timestamp=time.time(),
+                    resources=NodeResources(memory_total=1 << 50, memory_available=1 << 50,
+                                            engines=("mlx",)),
+                )  # fmt: skip
+                pin = (NodeId(victim),)
+                answers = [
+                    await _command(peer, victim, c)
+                    for c in [
+                        AddModelCard(card=forged),
+                        ReportEvents(events=(magnet,)),
+                        AddModelCard(card=remote_code),
+                        AddModelCard(card=outside),
+                    ]
+                ]
+
+                def serves() -> bool:  # the victim reports it can serve the new cards
+                    resources = node.state()["nodes"][victim]["resources"]
+                    return {"forged-remote-code", "forged-outside"} <= set(resources["serves"])
+
+                await asyncio.to_thread(wait_until, serves, 60)
+                for card in (remote_code, outside):
+                    place = PlaceInstance(model_id=card.model_id, nodes=pin)
+                    answers.append(await _command(peer, victim, place))
+                deletion = DeleteDownload(node_id=NodeId(victim), model_id=ModelId(SMOL_FOLDER))
+                return [*answers, await _command(peer, victim, deletion)]
+            finally:
+                await peer.stop()
+
+        replaced, magnet, *added, deleted = asyncio.run(attack())
+        assert all(a.ok for a in added), added  # new cards and their placements: as HTTP could
+        # The built-in card stays the node's own.
+        assert replaced.status == 409 and "built-in" in replaced.message, replaced
+        card = next(m for m in node.get("/models")["models"] if m["model_id"] == SMOL)
+        assert card["source"] == original.source and not card["trust_remote_code"]
+        # The magnet is refused, and the peer is not in state with 1 PiB.
+        assert magnet.status == 403 and "implausible" in magnet.message, magnet
+        assert all(n["resources"]["memory_total"] < 1 << 50 for n in node.state()["nodes"].values())
+        # The node refuses to run either card (and says why), and runs nothing from `evil`.
+        wait_until(lambda: "--trust-remote-code forged-remote-code" in node.log(), timeout=60)
+        wait_until(lambda: "outside this node's models directories" in node.log(), timeout=60)
+        wait_until(lambda: not node.state()["instances"], timeout=60)
+        # The deletion naming a folder that is not a download of that name deletes nothing.
+        assert deleted.ok, deleted
+        wait_until(lambda: f"not deleting {data / 'models' / SMOL_FOLDER}" in node.log(), 60)
+        assert (data / "models" / SMOL_FOLDER / "config.json").exists()

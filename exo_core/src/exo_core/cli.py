@@ -63,6 +63,10 @@ def core_parser() -> argparse.ArgumentParser:
     add("--listen-host", default="0.0.0.0", help="address the node transport listens on")
     add("--no-auto-place", action="store_true",
         help="do not place a model automatically when a request names it")  # fmt: skip
+    add("--trust-remote-code", action="append", default=[], metavar="MODEL",
+        help="run this model's own Python code (repeatable); no card from the cluster can")  # fmt: skip
+    add("--exclude-node", action="append", default=_peers(os.environ.get("EXO_EXCLUDE_NODES", "")),
+        metavar="NODE_ID", help="never place a model on this node (repeatable; also EXO_EXCLUDE_NODES)")  # fmt: skip
     add("--transport", default="", help="transport plugin to use ('memory': run alone)")
     add("--disable-plugin", action="append", default=[], metavar="NAME",
         help="leave a plugin out (repeatable); see `exo plugins`")  # fmt: skip
@@ -118,6 +122,8 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         bootstrap_peers=args.bootstrap_peers,
         listen_host=args.listen_host,
         auto_place=not args.no_auto_place,
+        trust_remote_code=args.trust_remote_code,
+        exclude_nodes=args.exclude_node,
         verbosity=args.verbose - args.quiet,
         disabled_plugins=args.disable_plugin,
         transport=args.transport,

@@ -26,6 +26,9 @@ class PlaceInstance(_Command, frozen=True, kw_only=True):
     # The sender's card, for a master that does not know the model (a card from a plugin
     # only some nodes have); the master's own card wins.
     card: ModelCard | None = None
+    # Only these nodes may run it (all when empty), and none of the excluded ones.
+    nodes: tuple[NodeId, ...] = ()
+    exclude_nodes: tuple[NodeId, ...] = ()
 
 
 class DeleteInstance(_Command, frozen=True, kw_only=True):

@@ -41,6 +41,11 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     bootstrap_peers: list[str] = msgspec.field(default_factory=list)
     listen_host: str = "0.0.0.0"
     auto_place: bool = True
+    # Models whose own Python code (trust_remote_code) this node runs: its operator's choice,
+    # never a card's from the cluster (see exo_core.trust).
+    trust_remote_code: list[str] = msgspec.field(default_factory=list)
+    # Nodes never given a model when this node places one (as master, or through its API).
+    exclude_nodes: list[str] = msgspec.field(default_factory=list)
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0
     # Events between snapshots of state; the log is cut behind each snapshot.
@@ -65,3 +70,17 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     @property
     def models_dir(self) -> Path:
         return self.data_path / "models"
+
+
+def model_roots(config: NodeConfig, env: Mapping[str, str] | None = None) -> tuple[Path, ...]:
+    """Every directory this node keeps or finds models in: its own (first), then
+    `EXO_MODELS_DIRS` and `EXO_MODELS_READ_ONLY_DIRS` (colon-separated, as the downloader
+    reads them)."""
+    env = os.environ if env is None else env
+    extra = [
+        Path(p).expanduser()
+        for name in ("EXO_MODELS_DIRS", "EXO_MODELS_READ_ONLY_DIRS")
+        for p in env.get(name, "").split(os.pathsep)
+        if p.strip()
+    ]
+    return (config.models_dir, *extra)

@@ -6,8 +6,10 @@ Refusals raise `CommandRefused` with an HTTP-like status and a message that says
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
 
 from exo_core.bodies import without_body
 from exo_core.coalesce import worth_logging
@@ -42,6 +44,7 @@ from exo_core.placement import replacement_options
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.reducer import apply
 from exo_core.state import Instance, NodeInfo, ShardAssignment, State, TaskStatus
+from exo_core.trust import builtin_card_refusal, instances_using, placement_view
 
 # Ring ports of runner groups: RING_PORT_BASE .. RING_PORT_BASE + RING_PORT_SPAN - 1.
 RING_PORT_BASE = 30100
@@ -59,10 +62,14 @@ class CommandRefused(Exception):
 
 @dataclass(frozen=True)
 class MasterContext:
-    """What the master consults besides state: the model cards and the placement hook."""
+    """What the master consults besides state: the model cards and the placement hook, the
+    ids of its built-in cards (never replaced from the cluster), and the nodes its operator
+    excluded from every placement (`--exclude-node`)."""
 
     card: Callable[[ModelId], ModelCard | None]
     place: Callable[[ModelCard, PlacementRequest, State], list[PlacementOption]]
+    builtin: Collection[ModelId] = ()
+    exclude_nodes: Collection[NodeId] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -203,12 +210,20 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
             request = PlacementRequest(
                 model_id=command.model_id, sharding=command.sharding, min_nodes=command.min_nodes
             )
+            excluded = (*command.exclude_nodes, *ctx.exclude_nodes)
+            allowed = placement_view(state, command.nodes, excluded)
+            if not allowed.nodes and state.nodes:
+                raise CommandRefused(409, f"cannot place {command.model_id}: no node is allowed")
             try:
-                options = ctx.place(card, request, state)
+                options = ctx.place(card, request, allowed)
             except PlacementRefused as e:
                 raise CommandRefused(409, f"cannot place {command.model_id}: {e}") from e
             instance_id = command.instance_id or InstanceId(new_id("inst"))
-            instance = build_instance(state, options[0], instance_id)
+            instance = msgspec.structs.replace(
+                build_instance(state, options[0], instance_id),
+                nodes=command.nodes,
+                exclude_nodes=command.exclude_nodes,
+            )
             created = InstanceCreated(instance=instance)
             if known is None:
                 # A card from a plugin the master lacks: replicated, so every node (and any
@@ -245,12 +260,21 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
                 [TaskStatusChanged(task_id=command.task_id, status=TaskStatus.CANCELLED)]
             )
         case AddModelCard():
+            if (refusal := builtin_card_refusal(command.card, ctx.builtin)) is not None:
+                raise CommandRefused(409, refusal)
             return Decision([ModelCardAdded(card=command.card)])
         case RemoveModelCard():
             if command.model_id not in state.model_cards:
                 raise CommandRefused(404, f"no custom model '{command.model_id}'")
             return Decision([ModelCardRemoved(model_id=command.model_id)])
         case DeleteDownload():
+            in_use = instances_using(state, command.node_id, command.model_id, ctx.card)
+            if in_use:
+                raise CommandRefused(
+                    409,
+                    f"{command.model_id} is in use on {command.node_id} by instance "
+                    f"{', '.join(in_use)}; delete the instance first",
+                )
             return Decision([DownloadDeleted(node_id=command.node_id, model_id=command.model_id)])
         case ReportEvents():
             return Decision(news(state, command.events))
@@ -289,11 +313,19 @@ def decide_node_timeout(state: State, node_id: NodeId, ctx: MasterContext) -> li
             continue
         # Its own sharding first, then any: a tensor group that lost a node may now only
         # fit as a pipeline. Nothing fits: callers get errors until someone places it again.
-        options = replacement_options(card, instance, after, ctx.place)
+        # Only where the operator let it be placed in the first place.
+        allowed = placement_view(
+            after, instance.nodes, (*instance.exclude_nodes, *ctx.exclude_nodes)
+        )
+        options = replacement_options(card, instance, allowed, ctx.place)
         if not options:
             continue
         created = InstanceCreated(
-            instance=build_instance(after, options[0], InstanceId(new_id("inst")))
+            instance=msgspec.structs.replace(
+                build_instance(after, options[0], InstanceId(new_id("inst"))),
+                nodes=instance.nodes,
+                exclude_nodes=instance.exclude_nodes,
+            )
         )
         after = _preview(after, created)
         events.append(created)

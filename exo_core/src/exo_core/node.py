@@ -22,7 +22,7 @@ from loguru import logger
 from exo_core.bodies import Body, BodyStore, BodyUnavailable, with_body
 from exo_core.chunks import ChunkRouter
 from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
-from exo_core.config import NodeConfig
+from exo_core.config import NodeConfig, model_roots
 from exo_core.context import Job
 from exo_core.datadir import DataDirLock
 from exo_core.decide import MasterContext, decide_node_timeout
@@ -73,6 +73,7 @@ from exo_core.transport.base import (
     TransportMessage,
 )
 from exo_core.transport.memory import MemoryNetwork
+from exo_core.trust import card_to_run, placement_view
 from exo_core.votes import VoteBook
 from exo_core.wire import (
     ELECTION_TOPIC,
@@ -201,6 +202,7 @@ class Node:
                 fetch_body=self.fetch_body,
                 models_dir=config.models_dir,
                 data_dir=data,
+                card_to_run=self._card_to_run,
             )
 
     def _make_transport(self, data: Path) -> Transport:
@@ -219,13 +221,21 @@ class Node:
         return self.replica.state
 
     def card(self, model_id: str) -> ModelCard | None:
-        """A custom card from state, else a built-in card."""
-        return self.state.model_cards.get(ModelId(model_id)) or self.builtin_cards.get(
+        """A built-in card, else a custom card from state: a card from the cluster never
+        replaces this node's own (see exo_core.trust)."""
+        return self.builtin_cards.get(ModelId(model_id)) or self.state.model_cards.get(
             ModelId(model_id)
         )
 
     def cards(self) -> dict[ModelId, ModelCard]:
-        return {**self.builtin_cards, **self.state.model_cards}
+        return {**self.state.model_cards, **self.builtin_cards}
+
+    def _card_to_run(self, card: ModelCard) -> ModelCard:
+        """The card as this node runs it (raises `RunRefused`; see exo_core.trust)."""
+        own = self.builtin_cards.get(card.model_id) == card
+        return card_to_run(
+            card, own=own, roots=model_roots(self.config), remote_code=self.config.trust_remote_code
+        )
 
     def parser_for(self, card: ModelCard, params: GenerationParams) -> OutputParser | None:
         names = [n for n in (card.reasoning_parser, card.tool_parser) if n]
@@ -236,7 +246,9 @@ class Node:
         card = self.card(request.model_id)
         if card is None:
             return []
-        return self._place(card, request, self.state)
+        # Previews show only what this node would ask for: not on the nodes it excludes.
+        excluded = tuple(NodeId(n) for n in self.config.exclude_nodes)
+        return self._place(card, request, placement_view(self.state, (), excluded))
 
     def _place(
         self, card: ModelCard, request: PlacementRequest, state: State
@@ -673,7 +685,7 @@ class Node:
                 return False
         if not await self._gather_votes(term):
             return False
-        ctx = MasterContext(card=self.card, place=self._place)
+        ctx = self._master_context()
         master = Master(self.node_id, term, self.replica, ctx, self._publish_events)
         master.known_nodes(self.state.nodes)
         self.master = master
@@ -681,6 +693,14 @@ class Node:
         assert self._tg is not None
         self._tg.start_soon(self._master_duties, master)
         return True
+
+    def _master_context(self) -> MasterContext:
+        return MasterContext(
+            card=self.card,
+            place=self._place,
+            builtin=frozenset(self.builtin_cards),
+            exclude_nodes=tuple(NodeId(n) for n in self.config.exclude_nodes),
+        )
 
     async def _follow(self, master: NodeId, term: int) -> None:
         logger.info(f"following master {master} (term {term})")
@@ -696,7 +716,7 @@ class Node:
             await self._ask_missing_votes(master)
             for node_id in master.silent_nodes(NODE_TIMEOUT_S, exclude=self.node_id):
                 logger.warning(f"node {node_id} unseen for {NODE_TIMEOUT_S:.0f}s: timing it out")
-                ctx = MasterContext(card=self.card, place=self._place)
+                ctx = self._master_context()
                 await master.commit(decide_node_timeout(self.state, node_id, ctx))
 
     @property

@@ -6,7 +6,8 @@ These checks bind what a message claims to that sender:
 
 * a campaign, a replication ack, a vote request and a command speak for their sender only;
 * a report carries facts about its sender only: its telemetry, topology, downloads, its own
-  runners, and the status of tasks it runs as rank 0;
+  runners, and the status of tasks it runs as rank 0; and its telemetry must be plausible
+  (`exo_core.trust.resources_refusal`: placement trusts it);
 * generated chunks come only from rank 0 of the task's instance;
 * a master's claim counts only when the votes of its term back it (`master_claim_backed`),
   and nobody votes while it follows (or is) a live master: a peer's claims cannot depose a
@@ -16,7 +17,8 @@ These checks bind what a message claims to that sender:
   outsider's log before taking over.
 
 What this does not stop: a peer that holds the cluster key and lies about its own log can win
-an election once the master is gone. The cluster key is the trust boundary.
+an election once the master is gone; and a member sees the prompts of the instances placed on
+it. The cluster key is the trust boundary (docs/security.md says what it admits).
 
 Each check returns None when the message is allowed, else the reason in words, for the log
 and for the refusal the sender gets.
@@ -36,6 +38,7 @@ from exo_core.events import (
 )
 from exo_core.ids import InstanceId, NodeId
 from exo_core.state import DownloadProgress, State
+from exo_core.trust import resources_refusal
 from exo_core.wire import Campaign, Replicated, VoteRequest
 
 
@@ -75,6 +78,12 @@ def report_refusal(sender: str, event: Event, state: State) -> str | None:
     """Whether `sender` may report `event` as a fact it observed itself."""
     name = type(event).__name__
     match event:
+        case NodeTelemetry(node_id=about, resources=claimed) if about == sender:
+            known = state.nodes.get(NodeId(sender))
+            problem = resources_refusal(known.resources if known else None, claimed)
+            return (
+                None if problem is None else f"{sender} reported implausible resources: {problem}"
+            )
         case (
             NodeTelemetry(node_id=about)
             | TopologyReported(node_id=about)

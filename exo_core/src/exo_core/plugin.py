@@ -197,6 +197,7 @@ from exo_core.transport.base import (
     TransportLagged,
     TransportMessage,
 )
+from exo_core.trust import instances_using
 from exo_core.watchdog import Watchdog
 
 API_VERSION = "1.4"
@@ -359,6 +360,7 @@ __all__ = [
     "group_env",
     "hookimpl",
     "human_bytes",
+    "instances_using",
     "is_safe_model_id",
     "join_group",
     "load_card_dir",

@@ -32,7 +32,7 @@ from exo_core.generation import (
     ToolCallChunk,
     Usage,
 )
-from exo_core.ids import InstanceId, ModelId, TaskId, new_id
+from exo_core.ids import InstanceId, ModelId, NodeId, TaskId, new_id
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, State, Task
@@ -164,7 +164,9 @@ class GenerationService:
             # Placement reads which engines each node runs from state: wait for this node's
             # first report rather than refuse a model its own engine serves.
             await self._node.wait_reported()
-            result = await self._node.send_command(PlaceInstance(model_id=card.model_id, card=card))
+            excluded = tuple(NodeId(n) for n in self._node.config.exclude_nodes)
+            place = PlaceInstance(model_id=card.model_id, card=card, exclude_nodes=excluded)
+            result = await self._node.send_command(place)
             if not result.ok or result.instance_id is None:
                 raise NoInstance(f"could not place '{card.model_id}': {result.message}")
             await self._node.replica.wait_for(result.last_index, timeout=10)

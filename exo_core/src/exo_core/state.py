@@ -95,6 +95,10 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     model_id: ModelId
     sharding: Sharding
     shards: tuple[ShardAssignment, ...]
+    # Where the operator let it be placed: only these nodes (all when empty), none of the
+    # excluded ones; kept so that a re-placement after a node loss honours them too.
+    nodes: tuple[NodeId, ...] = ()
+    exclude_nodes: tuple[NodeId, ...] = ()
 
     def shard_on(self, node_id: NodeId) -> ShardAssignment | None:
         return next((s for s in self.shards if s.node_id == node_id), None)
@@ -127,6 +131,8 @@ class RunnerInfo(msgspec.Struct, frozen=True, kw_only=True):
     # stage of this start took (downloading, connecting, loading, warming_up...).
     since: float = 0.0
     stage_seconds: dict[str, float] = msgspec.field(default_factory=dict)
+    # The model directory the runner loads (so that a deletion by folder name sees it in use).
+    model_path: str = ""
 
 
 class TaskStatus(StrEnum):

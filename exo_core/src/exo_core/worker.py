@@ -40,6 +40,7 @@ from exo_core.state import (
     Task,
     TaskStatus,
 )
+from exo_core.trust import RunRefused
 from exo_core.worker_plan import (
     NO_ANSWER,
     CancelExecution,
@@ -70,6 +71,8 @@ SendChunk = Callable[[NodeId, Chunk], Awaitable[None]]
 # Rank 0 gets the task as its caller asked for it (the log holds no request text).
 FetchBody = Callable[[Task], Awaitable[Task]]
 CardLookup = Callable[[ModelId], ModelCard | None]
+# The card as this node runs it, or `RunRefused` (see `exo_core.trust.card_to_run`).
+CardToRun = Callable[[ModelCard], ModelCard]
 
 
 def retry_policy() -> RetryPolicy:
@@ -94,6 +97,7 @@ class _Local:
         self.stage_seconds: dict[str, float] = {}
         self.ready = anyio.Event()
         self.scope = anyio.CancelScope()
+        self.model_path = ""
 
 
 class Worker:
@@ -110,6 +114,7 @@ class Worker:
         models_dir: Path,
         data_dir: Path,
         fetch_body: FetchBody | None = None,
+        card_to_run: CardToRun = lambda card: card,
     ) -> None:
         self.node_id = node_id
         self._replica = replica
@@ -120,6 +125,7 @@ class Worker:
         self._send_command = send_command
         self._send_chunk = send_chunk
         self._fetch_body = fetch_body
+        self._card_to_run = card_to_run
         self._models_dir = models_dir
         self._data_dir = data_dir
         self._locals: dict[RunnerId, _Local] = {}
@@ -258,6 +264,7 @@ class Worker:
                     failures=failures,
                     since=local.since,
                     stage_seconds=dict(local.stage_seconds),
+                    model_path=local.model_path,
                 )
             )
         )
@@ -324,13 +331,20 @@ class Worker:
             while True:
                 runner: Runner | None = None
                 try:
-                    card = self._cards(local.instance.model_id)
-                    if card is None:
+                    known = self._cards(local.instance.model_id)
+                    if known is None:
                         raise RunnerDied(f"unknown model {local.instance.model_id}")
+                    try:
+                        card = self._card_to_run(known)
+                    except RunRefused as e:
+                        logger.warning(f"not running {known.model_id}: {e}")
+                        await self._refuse(local, str(e))
+                        return
                     engine = self._engine_for(card)
                     if engine is None:
                         raise RunnerDied(f"no engine on this node can serve {card.model_id}")
                     path = await self._prepare(local, card, engine)
+                    local.model_path = str(path)
                     if local.shard.world_size > 1:
                         # A group forms only when every rank can start: wait for the others'
                         # downloads rather than time out connecting to them.
@@ -367,6 +381,12 @@ class Worker:
                         with anyio.CancelScope(shield=True):
                             await runner.stop()
                     local.runner = None
+
+    async def _refuse(self, local: _Local, reason: str) -> None:
+        """This node will not run the card as given: no retries, the instance goes, and the
+        reason reaches its callers (and the runner's status)."""
+        self._set_status(local, RunnerStatus.FAILED, reason)
+        await self._delete_instance(local.instance.instance_id, reason)
 
     async def _peers_ready(self, local: _Local) -> None:
         while not peers_started(self._replica.state, local.instance, local.shard.runner_id):

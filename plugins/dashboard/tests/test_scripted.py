@@ -181,3 +181,21 @@ def test_a_long_prompt_shows_its_prefill_progress_before_the_answer(
     assert seen.index(progress[-1]) < seen.index("text")  # before the answer, then gone
     expect(reply.locator(".prefill")).to_have_count(0)
     watched.assert_clean()
+
+
+def test_each_instance_shows_where_its_prompts_go(node: RunningNode, open_page: OpenPage) -> None:
+    """Issue 25: the operator sees which nodes read the prompts sent to a model (and a pin)."""
+    for instance_id in httpx.get(f"{node.url}/state/instances").json():
+        httpx.delete(f"{node.url}/instance/{instance_id}")
+    placed = httpx.post(
+        f"{node.url}/instance", json={"model_id": "scripted-echo", "nodes": [node.node_id]}
+    )
+    assert placed.is_success, placed.text
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(f"{node.url}/#cluster")
+    prompts = page.locator(".instance .prompts")
+    expect(prompts).to_have_attribute("data-nodes", node.node_id)
+    expect(prompts).to_contain_text("Prompts go to")
+    expect(prompts).to_contain_text("pinned to")
+    watched.assert_clean()

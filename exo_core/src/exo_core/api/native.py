@@ -17,7 +17,7 @@ from loguru import logger
 from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
-from exo_core.ids import InstanceId, ModelId
+from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.metrics import CONTENT_TYPE_LATEST
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
@@ -30,6 +30,10 @@ class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     model_id: str
     sharding: Sharding = "pipeline"
     min_nodes: int = 1
+    # Pin the instance to these nodes (all when empty); never place it on the excluded ones
+    # (this node's --exclude-node list is added).
+    nodes: list[str] = msgspec.field(default_factory=list)
+    exclude_nodes: list[str] = msgspec.field(default_factory=list)
 
 
 class CancelBody(msgspec.Struct):
@@ -170,6 +174,10 @@ class NativeController(Controller):
             sharding=data.sharding,
             min_nodes=data.min_nodes,
             card=node.card(data.model_id),
+            nodes=tuple(NodeId(n) for n in data.nodes),
+            exclude_nodes=tuple(
+                NodeId(n) for n in [*data.exclude_nodes, *node.config.exclude_nodes]
+            ),
         )
         await node.wait_reported()  # a node that just started: its engines first
         result = await node.send_command(command)

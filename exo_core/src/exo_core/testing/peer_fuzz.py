@@ -8,7 +8,10 @@ come in three kinds, all drawn from one seeded `random.Random` so a run replays 
   or claim a role the peer does not hold (master campaigns and event batches, reports about
   other nodes, chunks for tasks it does not run);
 * its own bids: campaigns and vote requests as itself with the strongest claims there are
-  (forced mastership, huge terms and logs).
+  (forced mastership, huge terms and logs);
+* what a member holding the key may try in its own name (issue 25): a card that replaces a
+  built-in one with a `local:` source and remote code, telemetry claiming 1 PiB (a magnet for
+  placements), and deletions of the honest nodes' models by folder name.
 
 It answers every request made to it with noise or lies. Whatever it forges is marked
 (`FORGED`), so a test can check that no forged fact reached any honest log (`forged_in`).
@@ -27,6 +30,7 @@ from exo_core.commands import (
     AddModelCard,
     CommandEnvelope,
     CommandResult,
+    DeleteDownload,
     ReportEvents,
     SubmitTask,
 )
@@ -83,6 +87,24 @@ def forged_card(name: str) -> ModelCard:
         storage_size_bytes=1,
         source="local:/",
         trust_remote_code=True,
+        base_model=FORGED,
+    )
+
+
+def forged_builtin(card: ModelCard) -> ModelCard:
+    """A built-in card as a hostile member would replace it: its code, from its directory."""
+    return msgspec.structs.replace(
+        card, source="local:/", trust_remote_code=True, base_model=FORGED
+    )
+
+
+def magnet(node_id: NodeId) -> NodeTelemetry:
+    """Telemetry in the peer's own name that would win every placement (1 PiB free)."""
+    return NodeTelemetry(
+        node_id=node_id,
+        hostname=f"{FORGED}-magnet",
+        resources=NodeResources(memory_total=1 << 50, memory_available=1 << 50, engines=("x",)),
+        timestamp=1e9,
     )
 
 
@@ -92,7 +114,10 @@ def forged_in(events: Iterable[IndexedEvent], hostile: str) -> list[IndexedEvent
     for indexed in events:
         e = indexed.event
         if (
-            (isinstance(e, ModelCardAdded) and e.card.model_id.startswith(FORGED))
+            (
+                isinstance(e, ModelCardAdded)
+                and (e.card.model_id.startswith(FORGED) or e.card.base_model == FORGED)
+            )
             or isinstance(e, NodeTimedOut)
             or (isinstance(e, MasterElected) and e.node_id == hostile)
             or (isinstance(e, NodeTelemetry) and e.hostname.startswith(FORGED))
@@ -111,6 +136,8 @@ class HostilePeer:
     honest: Callable[[], list[str]]
     state: Callable[[], State]
     sent: dict[str, int] = field(default_factory=dict)
+    # The honest nodes' built-in cards (what a member would like to replace).
+    builtin: Callable[[], list[ModelCard]] = list
 
     @property
     def me(self) -> NodeId:
@@ -171,12 +198,22 @@ class HostilePeer:
         ]
         return self.rng.choice(choices)
 
+    def _as_member(self) -> AddModelCard | ReportEvents | DeleteDownload:
+        """What a member holding the key tries in its own name."""
+        choices: list[AddModelCard | ReportEvents | DeleteDownload] = [
+            ReportEvents(events=(magnet(self.me),)),
+            DeleteDownload(node_id=self._victim(), model_id=ModelId("some-model-Q4_1-mlx")),
+        ]
+        choices += [AddModelCard(card=forged_builtin(card)) for card in self.builtin()]
+        return self.rng.choice(choices)
+
     def _command(self) -> CommandEnvelope:
         victim = self._victim()
         origin = self.rng.choice([victim, self.me])
         events = tuple(self._forged_event() for _ in range(self.rng.randint(1, 3)))
         command = self.rng.choice(
             [
+                self._as_member() if origin == self.me else ReportEvents(events=events),
                 ReportEvents(events=events),
                 # In another node's name: refused whatever it asks.
                 AddModelCard(card=forged_card(f"{self.rng.randrange(1 << 30):x}"))
@@ -296,4 +333,4 @@ class HostilePeer:
             await anyio.sleep(self.rng.uniform(*interval))
 
 
-__all__ = ["FORGED", "HostilePeer", "forged_card", "forged_in"]
+__all__ = ["FORGED", "HostilePeer", "forged_builtin", "forged_card", "forged_in", "magnet"]

@@ -109,6 +109,18 @@ def models(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
     return EXIT_OK
 
 
+def prompts_seen(state: dict[str, Any]) -> dict[str, list[str]]:
+    """The models whose prompts each node sees: every node of an instance computes on them
+    (rank 0 gets the text, the others its tokens or activations). See docs/security.md."""
+    seen: dict[str, list[str]] = {}
+    for instance in state["instances"].values():
+        for node_id in dict.fromkeys(s["node_id"] for s in instance["shards"]):
+            models = seen.setdefault(node_id, [])
+            if instance["model_id"] not in models:
+                models.append(instance["model_id"])
+    return seen
+
+
 def nodes(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
     state = client.get("/state")
     if out.as_json:
@@ -118,6 +130,7 @@ def nodes(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
         return EXIT_OK
     master = (state.get("master") or {}).get("node_id")
     hosts = _hostnames(state)
+    prompts = prompts_seen(state)
     rows = []
     for node_id, node in sorted(state["nodes"].items()):
         res = node.get("resources", {})
@@ -130,9 +143,11 @@ def nodes(args: argparse.Namespace, client: NodeClient, out: Output) -> int:
                 f"{size(res.get('memory_available', 0))} / {size(res.get('memory_total', 0))}",
                 f"{res.get('cpu_count', 0)} ({res.get('cpu_percent', 0):.0f}%)",
                 ", ".join(hosts.get(p, _short(p)) for p in peers) or "-",
+                ", ".join(prompts.get(node_id, [])) or "-",
             ]
         )
-    out.table(["NODE", "HOST", "ROLE", "MEMORY FREE / TOTAL", "CPUS", "LINKS"], rows)
+    columns = ["NODE", "HOST", "ROLE", "MEMORY FREE / TOTAL", "CPUS", "LINKS", "SEES PROMPTS OF"]
+    out.table(columns, rows)
     return EXIT_OK
 
 

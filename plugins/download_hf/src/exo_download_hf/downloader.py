@@ -401,11 +401,25 @@ class HfDownloader(Downloader):
             # Checked again here: never remove anything inside a read-only directory.
             if not root.exists() or self.dirs.is_read_only(root):
                 continue
+            # Only a folder this downloader made for this repo: a folder of the same name
+            # that something else made (an engine's converted model) is not a download.
+            if not _downloaded_here(root, ref.repo_id):
+                logger.warning(f"not deleting {root}: it is not exo's download of {ref.repo_id}")
+                continue
             # The lock waits out a fetching thread that was just told to stop.
             with ModelStore(root).locked(Tally()):
                 remove_model_dir(root.parent, root)
             deleted = True
         return deleted
+
+
+def _downloaded_here(root: Path, repo_id: str) -> bool:
+    """Whether `root` is this downloader's folder for `repo_id`: its manifest names the repo
+    (one being started has only the bookkeeping directory yet)."""
+    manifest = ModelStore(root).manifest()
+    if manifest is None:
+        return (root / BOOKKEEPING).is_dir()
+    return manifest.repo_id == repo_id
 
 
 def _looks_complete(root: Path) -> bool:

@@ -26,6 +26,7 @@ from exo_core.plugin import (
     ReportEvents,
     State,
     hookimpl,
+    instances_using,
     is_safe_model_id,
 )
 from exo_download_hf.cards import HubRef, builtin_cards, ref_for
@@ -72,8 +73,15 @@ def exo_event_applied(event: IndexedEvent, state: State, ctx: NodeContext) -> No
             unsafe = [
                 n for n in (model_id, ref.repo_id if ref else "") if n and not is_safe_model_id(n)
             ]
+            # And whatever name it came under, a model a runner here uses stays (the master
+            # checks too, from state; this node knows its runners' folders for certain).
+            in_use = instances_using(state, ctx.node_id, model_id, ctx.card)
             if unsafe:
                 logger.warning(f"refusing to delete the download of '{unsafe[0]}': unsafe model id")
+            elif in_use:
+                logger.warning(
+                    f"refusing to delete '{model_id}': instance {', '.join(in_use)} uses it"
+                )
             elif ref is not None:
                 # The hook must not block: the deletion runs in the node's task group.
                 ctx.spawn(partial(_delete_requested, ctx, downloader, card, ref))

@@ -26,6 +26,7 @@ from exo_core.plugin import (
     NodeId,
     RemoveModelCard,
     UnsafeModelPath,
+    instances_using,
     model_id_problem,
     native_error,
 )
@@ -197,11 +198,8 @@ async def delete_download(
     state = node.state
     if node_id not in state.nodes and node_id != node.node_id:
         return native_error(404, f"unknown node '{node_id}'")
-    in_use = [
-        i.instance_id
-        for i in state.instances.values()
-        if i.model_id == model_id and i.shard_on(NodeId(node_id)) is not None
-    ]
+    # By id, folder name or hub repo: every name that reaches the model's folder.
+    in_use = instances_using(state, NodeId(node_id), model_id, node.card)
     if in_use:
         return native_error(
             409,

@@ -128,6 +128,14 @@ function downloadNote(state, nodeId, modelId, status) {
   return h("span.muted.small", {}, ` ${Math.floor((100 * progress.downloaded_bytes) / progress.total_bytes)}%`);
 }
 
+// Every node of an instance computes on its prompts (rank 0 gets the text, the others its
+// tokens or activations): the operator sees who can read what is sent to this model.
+function promptsLine(state, instance) {
+  const names = [...new Set(instance.shards.map((s) => nodeName(state, s.node_id)))];
+  const pinned = instance.nodes?.length ? ` (pinned to ${instance.nodes.map((n) => nodeName(state, n)).join(", ")})` : "";
+  return h("p.prompts", { dataset: { nodes: instance.shards.map((s) => s.node_id).join(" ") } }, `Prompts go to ${names.join(", ")}${pinned}`);
+}
+
 function instanceCard(state, instance) {
   const tasks = Object.values(state.tasks || {}).filter((t) => t.instance_id === instance.instance_id);
   const remove = h("button.small.danger", { type: "button", "aria-label": `Delete instance of ${instance.model_id}` }, "Delete");
@@ -146,6 +154,7 @@ function instanceCard(state, instance) {
       h("span.spacer"),
       remove,
     ),
+    promptsLine(state, instance),
     h(
       "table.runners",
       {},
