@@ -1,7 +1,7 @@
 # ruff: noqa: RUF001, RUF003  (DeepSeek's markers are fullwidth characters by design)
 """Tool-call formats of families that mlx-lm's tool parsers do not cover.
 
-mlx-lm reads most families' tool calls (see `output.py`); DeepSeek's two formats and
+mlx-lm reads most families' tool calls (see `output.py`); DeepSeek's formats and
 Nemotron-H's `<TOOLCALL>` list are read here, in the same shape as mlx-lm's parsers
 (`parse(text, tools)` -> dicts), and found the same way: by the markers the tokenizer's chat
 template or vocabulary carries.
@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from exo_core.plugin import V4_BLOCK, V32_BLOCK, CallStream, DsmlCallStream, read_dsml
+
 Parse = Callable[[str, Any], Any]
 """`parse_tool_call(text, tools)` as mlx-lm's parsers have it: a dict (name, arguments, maybe an
 id) or a list of them; raises when the text is not a call."""
@@ -26,28 +28,13 @@ class ToolFormat:
     start: str
     end: str
     parse: Parse
+    # Reads a block as it streams, so calls reach clients as argument deltas (None: whole).
+    stream: Callable[[], CallStream] | None = None
 
 
-# DeepSeek V3.2 "DSML": <｜DSML｜invoke name="f"><｜DSML｜parameter name="k" string="true">v
-# </｜DSML｜parameter></｜DSML｜invoke>; string="false" values are JSON.
-DSML = "｜DSML｜"
-_DSML_INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]+)"\s*>(.*?)</{DSML}invoke>', re.DOTALL)
-_DSML_PARAM = re.compile(
-    rf'<{DSML}parameter\s+name="([^"]+)"\s+string="(true|false)"\s*>(.*?)</{DSML}parameter>',
-    re.DOTALL,
-)
-
-
+# DeepSeek V3.2 and V4 "DSML" (the core reads and streams it: `exo_core.dsml`).
 def parse_dsml(text: str, tools: Any = None) -> list[dict[str, Any]]:
-    calls: list[dict[str, Any]] = []
-    for name, body in _DSML_INVOKE.findall(text):
-        arguments: dict[str, Any] = {}
-        for key, is_string, value in _DSML_PARAM.findall(body):
-            arguments[key] = value if is_string == "true" else json.loads(value)
-        calls.append({"name": name, "arguments": arguments})
-    if not calls:
-        raise ValueError("no DSML invoke in the block")
-    return calls
+    return [{"name": c.name, "arguments": json.loads(c.arguments)} for c in read_dsml(text)]
 
 
 # DeepSeek V3 / V3.1 / R1: <｜tool▁call▁begin｜>name<｜tool▁sep｜>{json}<｜tool▁call▁end｜>
@@ -79,7 +66,8 @@ def parse_toolcall_list(text: str, tools: Any = None) -> list[dict[str, Any]]:
 
 
 FORMATS = (
-    ToolFormat("deepseek_v32", f"<{DSML}function_calls>", f"</{DSML}function_calls>", parse_dsml),
+    ToolFormat("deepseek_v4", *V4_BLOCK, parse_dsml, DsmlCallStream),
+    ToolFormat("deepseek_v32", *V32_BLOCK, parse_dsml, DsmlCallStream),
     ToolFormat("deepseek_v3", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", parse_deepseek_v3),
     ToolFormat("nemotron_toolcall", "<TOOLCALL>", "</TOOLCALL>", parse_toolcall_list),
 )
