@@ -72,6 +72,7 @@ class DsmlCallStream:
         self._calls = 0
         self._name = ""
         self._members = 0
+        self._searched = 0  # how far a JSON value's text was searched for its end tag
 
     def _out(self, text: str) -> CallFragment:
         return (self._calls - 1, self._name, text)
@@ -113,7 +114,7 @@ class DsmlCallStream:
             self._state = "string" if string else "json"
             self._buffer = buffer[match.end() :]
             return True
-        at = buffer.find(_PARAM_END)
+        at = buffer.find(_PARAM_END, self._searched)
         if self._state == "string":
             safe, held = (buffer[:at], "") if at >= 0 else split_held(buffer, _PARAM_END)
             closing = '"' if at >= 0 else ""
@@ -123,17 +124,18 @@ class DsmlCallStream:
         elif at >= 0:  # a JSON value goes out whole
             out.append(self._out(dumps_json(_json_or_text(buffer[:at]))))
             self._buffer = buffer[at + len(_PARAM_END) :]
-        else:
+        else:  # a JSON value still being written: look on from where this search ended
+            self._searched = max(0, len(buffer) - len(_PARAM_END) + 1)
             return False
         if at < 0:
             return False
-        self._state = "invoke"
+        self._state, self._searched = "invoke", 0
         return True
 
     def finish(self) -> list[CallFragment]:
         """The block closed: a call left open is closed with what it has."""
         state, buffer = self._state, self._buffer
-        self._state, self._buffer = "between", ""
+        self._state, self._buffer, self._searched = "between", "", 0
         if state == "string":
             return [self._out(dumps_json(buffer)[1:-1] + '"}')]
         if state == "json":

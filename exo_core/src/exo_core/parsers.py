@@ -313,6 +313,9 @@ _HERMES_HEAD = re.compile(
 )
 
 
+_HEAD_LIMIT = 4096  # a name and the text before the arguments are never longer
+
+
 class HermesCallStream:
     """A `{"name": ..., "arguments": ...}` block streamed: the call starts once its name is
     read, then its arguments go out as written. Another layout (the arguments first, a list of
@@ -326,6 +329,8 @@ class HermesCallStream:
     def feed(self, text: str) -> list[CallFragment]:
         if self._name is not None:
             return self._fragment(self._args.feed(text) if not self._args.done else "")
+        if len(self._head) > _HEAD_LIMIT:
+            return []  # not the layout that streams: the block is read whole at its end
         self._head += text
         match = _HERMES_HEAD.match(self._head)
         if match is None:
@@ -335,7 +340,7 @@ class HermesCallStream:
         except ValueError:
             name = ""
         if not isinstance(name, str) or not name:
-            self._head = "-"  # never a call head again: read whole at the end
+            self._head = "-" * (_HEAD_LIMIT + 1)  # not a call: read whole at the end
             return []
         self._name = name
         return [(0, name, ""), *self._fragment(self._args.feed(self._head[match.end() :]))]

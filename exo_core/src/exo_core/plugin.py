@@ -190,7 +190,13 @@ from exo_core.subprocess_runner import (
     run_runner_child,
     start_request_reader,
 )
-from exo_core.tool_arguments import ArgumentStream, coerce_arguments, dumps_json, schemas
+from exo_core.tool_arguments import (
+    ArgumentStream,
+    CallCoercion,
+    coerce_arguments,
+    dumps_json,
+    schemas,
+)
 from exo_core.tool_schema import coerce_value, keeps_strings, member_schema
 from exo_core.transport.base import (
     PayloadTooLarge,
@@ -230,6 +236,7 @@ __all__ = [
     "AddModelCard",
     "AnyRequest",
     "ArgumentStream",
+    "CallCoercion",
     "CallFragment",
     "CallStream",
     "CancelTask",

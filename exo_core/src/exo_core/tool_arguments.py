@@ -55,7 +55,7 @@ class ArgumentStream:
         self._seen: set[str] = set()
         self._key = ""
         self._skip = False  # the value being read belongs to a repeated key
-        self._value = ""  # the raw text of a value read whole
+        self._value: list[str] = []  # the raw text of a value read whole, in pieces
         self._depth = 0
         self._quoted = False
         self._escaped = False
@@ -84,11 +84,11 @@ class ArgumentStream:
         self.feed("")
         state = self._state
         if state in ("start", "whole"):
-            self._out.append(self._whole(self._value + self._raw))
+            self._out.append(self._whole("".join(self._value) + self._raw))
         elif state == "string":
             self._out.append('"}')
-        elif state == "value" and self._value.strip():
-            self._member(self._value)
+        elif state == "value" and "".join(self._value).strip():
+            self._member("".join(self._value))
             self._out.append("}")
         elif state != "done":
             self._out.append("}")
@@ -102,7 +102,8 @@ class ArgumentStream:
             self._raw = ""
             return False
         if self._state == "whole":
-            self._value, self._raw = self._value + self._raw, ""
+            self._value.append(self._raw)
+            self._raw = ""
             return False
         if self._state == "string":
             return self._string()
@@ -225,13 +226,13 @@ class ArgumentStream:
                     return self._ended(raw, i + 1)
             elif char == "," and self._depth == 0:
                 return self._ended(raw, i)
-        self._value += raw
+        self._value.append(raw)
         self._raw = ""
         return False
 
     def _ended(self, raw: str, at: int) -> bool:
-        self._member(self._value + raw[:at])
-        self._value, self._raw, self._state = "", raw[at:], "after"
+        self._member("".join(self._value) + raw[:at])
+        self._value, self._raw, self._state = [], raw[at:], "after"
         return True
 
     def _string(self) -> bool:
