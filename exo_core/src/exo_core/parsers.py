@@ -6,7 +6,9 @@ output format (its tokenizer names the think and tool-call markers) may parse on
 with the same classes, so its chunks reach the dialects already structured.
 
 Every parser here is streaming: text that might be the start of a tag is held back until it
-is decided, so a tag split across tokens is still found.
+is decided, so a tag split across tokens is still found. A tool-call parser given a
+`CallStream` (Hermes JSON here, DeepSeek's DSML in `exo_core.dsml`) also sends each call's
+arguments as `ToolCallDeltaChunk`s while the model writes them.
 """
 
 from __future__ import annotations
@@ -246,18 +248,15 @@ class ToolBlockParser(TaggedBlockParser):
 
     def _reset(self) -> None:
         self._stream = self._streams() if self._streams is not None else None
-        self._streamed: dict[int, ToolCall] = {}
+        # The calls streamed from this block, by number: (id, name, argument fragments).
+        self._streamed: dict[int, tuple[str, str, list[str]]] = {}
 
     def _deltas(self, task_id: TaskId, fragments: list[CallFragment]) -> list[Chunk]:
         out: list[Chunk] = []
         for number, name, text in fragments:
-            call = self._streamed.get(number) or ToolCall(
-                id=new_id("call"), name=name, arguments=""
-            )
-            self._streamed[number] = ToolCall(
-                id=call.id, name=call.name, arguments=call.arguments + text
-            )
-            out.append(ToolCallDeltaChunk(task_id=task_id, id=call.id, name=name, arguments=text))
+            call_id, _, parts = self._streamed.setdefault(number, (new_id("call"), name, []))
+            parts.append(text)
+            out.append(ToolCallDeltaChunk(task_id=task_id, id=call_id, name=name, arguments=text))
         return out
 
     def _block(self, task_id: TaskId, text: str, closed: bool) -> list[Chunk]:
@@ -270,7 +269,10 @@ class ToolBlockParser(TaggedBlockParser):
         if not closed:
             return out
         raw, self._call = self._call, ""
-        streamed = [self._streamed[n] for n in sorted(self._streamed)]
+        streamed = [
+            ToolCall(id=call_id, name=name, arguments="".join(parts))
+            for call_id, name, parts in (self._streamed[n] for n in sorted(self._streamed))
+        ]
         self._reset()
         if streamed:
             return [*out, *(ToolCallChunk(task_id=task_id, call=call) for call in streamed)]
