@@ -21,6 +21,7 @@ import mlx_lm
 import ollama
 import openai
 import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from exo_core.engine import Engine, Runner, RunnerSpec, StatusReporter
 from exo_core.generation import Chunk, ErrorChunk, FinishChunk, GenerationParams
@@ -544,6 +545,46 @@ def test_ollama_gets_arguments_typed(url: str, family: str) -> None:
     )
     calls = reply.message.tool_calls or []
     assert len(calls) == 1 and dict(calls[0].function.arguments) == FORECAST_TYPED
+
+
+def _tokens_until(node: tuple[str, FamilyEngine], family: str, marker: str) -> int:
+    """How many tokens the scripted forecast call has before `marker` (to cut it there)."""
+    spec = next(f for f in FAMILIES if f.name == family)
+    tokenizer = load_tokenizer(node[1].paths[family])
+    written = spec.call(FORECAST["name"], FORECAST_WRITTEN)
+    return len(tokenizer.encode(written[: written.index(marker)], add_special_tokens=False))
+
+
+@pytest.mark.parametrize("family", sorted(STREAMED))
+def test_a_call_cut_off_by_max_tokens_is_text_and_streams_end_cleanly(
+    node: tuple[str, FamilyEngine], family: str
+) -> None:
+    url, model = node[0], f"family-{family}"
+    cut = _tokens_until(node, family, "umbrella")  # inside the note, mid-string
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model=model, messages=ASK_FORECAST, tools=[FORECAST_TOOL], max_tokens=cut
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert not reply.choices[0].message.tool_calls  # not a call: what the model said, as text
+    assert "Bring an" in (reply.choices[0].message.content or "")
+    # Streamed, the call's first fragments went out (a preview), then the stream ended.
+    finish, arguments = None, ""
+    for chunk in client.chat.completions.create(
+        model=model, messages=ASK_FORECAST, tools=[FORECAST_TOOL], max_tokens=cut, stream=True
+    ):
+        finish = chunk.choices[0].finish_reason or finish
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            arguments += (delta.function.arguments or "") if delta.function else ""
+    assert finish == "length" and arguments.startswith('{"city": "Paris"')
+    # anthropic's stream helper reads the unfinished tool_use input without failing.
+    claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    tool: Any = {"name": FORECAST["name"], "input_schema": FORECAST["parameters"]}
+    with claude.messages.stream(
+        model=model, max_tokens=cut, messages=ASK_FORECAST, tools=[tool]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens"
 
 
 def test_reasoning_effort_reaches_the_harmony_system_message(
