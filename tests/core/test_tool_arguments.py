@@ -179,6 +179,16 @@ def test_a_string_argument_streams_as_written_and_a_typed_one_waits() -> None:
     assert out == ['{"body": "Hel', "lo\\nwor", 'ld"', ', "n": 42}', ""]
 
 
+def test_streamed_members_follow_refs_into_the_tools_whole_schema() -> None:
+    schema = {
+        "$defs": {"Count": INT, "Text": STR},
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/Count"}, "s": {"$ref": "#/$defs/Text"}},
+    }
+    out = streamed(['{"s": "ab', 'c", "n": "1', '2"}'], schema)
+    assert out == ['{"s": "ab', 'c"', ', "n": 12}', ""]
+
+
 @pytest.mark.parametrize(
     ("raw", "expected"),
     [

@@ -172,6 +172,7 @@ class ArgumentStream:
     # -- values ------------------------------------------------------------------------------
 
     def _schema_of(self, key: str) -> Any:
+        """A member's schema; its `$ref`s point into the tool's whole schema."""
         return member_schema(self._schema, key)
 
     def _open_member(self) -> str:
@@ -188,7 +189,8 @@ class ArgumentStream:
         except ValueError:
             value = raw.strip()  # not JSON: kept as the text the model wrote
         self._out.append(
-            self._open_member() + dumps_json(coerce_value(value, self._schema_of(self._key)))
+            self._open_member()
+            + dumps_json(coerce_value(value, self._schema_of(self._key), self._schema))
         )
 
     def _read_value(self) -> bool:
@@ -199,7 +201,11 @@ class ArgumentStream:
             if not raw:
                 self._raw = ""
                 return False
-            if raw[0] == '"' and not self._skip and keeps_strings(self._schema_of(self._key)):
+            if (
+                raw[0] == '"'
+                and not self._skip
+                and keeps_strings(self._schema_of(self._key), self._schema)
+            ):
                 self._out.append(self._open_member() + '"')
                 self._raw, self._state = raw[1:], "string"
                 return True
