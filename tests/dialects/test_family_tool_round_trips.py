@@ -577,6 +577,12 @@ def test_a_call_cut_off_by_max_tokens_is_text_and_streams_end_cleanly(
         for delta in chunk.choices[0].delta.tool_calls or []:
             arguments += (delta.function.arguments or "") if delta.function else ""
     assert finish == "length" and arguments.startswith('{"city": "Paris"')
+    ask = "The forecast for Paris, please."
+    tools: Any = [{"type": "function", **FORECAST}]
+    response = client.responses.create(model=model, input=ask, tools=tools, max_output_tokens=cut)
+    assert response.status == "incomplete"
+    assert "function_call" not in [item.type for item in response.output]
+    assert "Bring an" in response.output_text
     # anthropic's stream helper reads the unfinished tool_use input without failing.
     claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
     tool: Any = {"name": FORECAST["name"], "input_schema": FORECAST["parameters"]}

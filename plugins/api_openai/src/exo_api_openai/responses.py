@@ -456,4 +456,11 @@ def build(builder: ResponseBuilder, chunks: list[Chunk]) -> dict[str, Any]:
         raise GenerationFailed(builder.error)
     if builder.response["status"] == "in_progress":
         raise GenerationFailed(UNFINISHED)
+    # A call cut off (a stream showed it as an incomplete item) is no call: its text is there.
+    output = builder.response["output"]
+    builder.response["output"] = [
+        item
+        for item in output
+        if not (item["type"] == "function_call" and item["status"] == "incomplete")
+    ]
     return builder.response
