@@ -452,7 +452,7 @@ def test_ollama_round_trip(url: str, family: str) -> None:
 
 # The families whose parsers stream a call's arguments as they are written (the others send a
 # call whole, once its block has closed, still as deltas).
-STREAMED = {"hermes", "deepseek-v3.2", "deepseek-v4", "harmony"}
+STREAMED = {"hermes", "deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "harmony"}
 FORECAST_TOOL: Any = {"type": "function", "function": FORECAST}
 ASK_FORECAST: Any = [{"role": "user", "content": "The forecast for Paris, please."}]
 

@@ -338,7 +338,7 @@ def test_thinking_text_and_every_call_come_out_structured(family: Any) -> None:
 
 
 # The formats read as they stream: a call's arguments go out while its block is written.
-STREAMED = {"json_tools", "deepseek_v32", "deepseek_v4"}
+STREAMED = {"json_tools", "deepseek_v3", "deepseek_v32", "deepseek_v4"}
 
 
 def test_streamed_formats_send_each_calls_arguments_as_deltas(family: Any) -> None:
@@ -527,3 +527,34 @@ def test_harmony_prompt_opening_the_analysis_channel_starts_in_thinking() -> Non
     out += parser.feed(TextChunk(task_id=TASK, text="<|channel|>final<|message|>Hi"))
     out += parser.finish(TASK)
     assert joined(out, ThinkingChunk) == "Hmm." and joined(out, TextChunk) == "Hi"
+
+
+V30 = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜>'
+    '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Rome"}<｜tool▁call▁end｜>'
+    "<｜tool▁calls▁end｜>"
+)
+
+
+@pytest.mark.parametrize("cut", range(len(V30) + 1))
+def test_deepseek_v3_calls_stream_wherever_the_text_splits(cut: int) -> None:
+    from exo_core.plugin import ToolBlockParser
+    from exo_engine_mlx.tool_formats import FORMATS
+
+    v3 = next(f for f in FORMATS if f.name == "deepseek_v3")
+    parser = ToolBlockParser(v3.start, v3.end, lambda text: [], v3.stream)
+    out = [*parser.feed(TextChunk(task_id=TASK, text=V30[:cut]))]
+    out += parser.feed(TextChunk(task_id=TASK, text=V30[cut:]))
+    out += parser.finish(TASK)
+    calls = [c.call for c in out if isinstance(c, ToolCallChunk)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2}),
+        ("get_weather", {"city": "Rome"}),
+    ]
+    joined: dict[str, str] = {}
+    for chunk in out:
+        if isinstance(chunk, ToolCallDeltaChunk):
+            joined[chunk.id] = joined.get(chunk.id, "") + chunk.arguments
+    assert joined == {c.id: c.arguments for c in calls}
+    assert not [c for c in out if isinstance(c, TextChunk)]
