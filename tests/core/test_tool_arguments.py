@@ -80,12 +80,18 @@ def test_values_are_coerced_only_where_the_schema_says_and_exactly(
 
 
 LOOP = {"$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}}, "$ref": "#/$defs/A"}
+# A few bytes that would take forever to walk: a union of references to itself.
+BOMB = {
+    "$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}, {"$ref": "#/$defs/A"}, INT]}},
+    "properties": {"n": {"$ref": "#/$defs/A"}},
+}
 
 
 @pytest.mark.parametrize(
     "schema",
     [
         LOOP,
+        BOMB,
         {"$ref": "http://elsewhere/schema.json"},
         {"$ref": "#/nowhere"},
         {"type": 5},

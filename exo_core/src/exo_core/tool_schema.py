@@ -22,6 +22,7 @@ from typing import Any
 Schema = Mapping[str, Any]
 
 _DEPTH = 48  # deeper schemas or values are left as they are
+_STEPS = 10_000  # a walk longer than this (~50 ms) leaves the value as it is
 _INTEGER = re.compile(r"[+-]?\d{1,300}(?:\.0*)?")
 _NUMBER = re.compile(r"[+-]?(?:\d{1,300}\.?\d{0,300}|\.\d{1,300})(?:[eE][+-]?\d{1,4})?")
 _NULLS = ("null", "none")
@@ -32,8 +33,8 @@ def coerce_value(value: Any, schema: Any, root: Any = None) -> Any:
     """`value` converted to what `schema` declares where that is exact; never raises. `root`
     is the document that local `$ref`s point into (the schema itself when not given)."""
     try:
-        return _coerce(value, schema, schema if root is None else root, 0)
-    except (RecursionError, ValueError, TypeError, OverflowError):
+        return _coerce(value, schema, _Doc(schema if root is None else root), 0)
+    except (_TooMuch, RecursionError, ValueError, TypeError, OverflowError):
         return value
 
 
@@ -41,15 +42,22 @@ def keeps_strings(schema: Any, root: Any = None) -> bool:
     """Whether every string stays exactly as it is under `schema` (so a string value can be
     streamed as the model writes it, before it is complete)."""
     try:
-        return _keeps_strings(schema, schema if root is None else root, 0)
-    except (RecursionError, ValueError, TypeError):
+        return _keeps_strings(schema, _Doc(schema if root is None else root), 0)
+    except (_TooMuch, RecursionError, ValueError, TypeError):
         return False
 
 
 def member_schema(schema: Any, key: str, root: Any = None) -> Any:
     """The schema of an object's member `key`: its property, else `additionalProperties`, else
     none ({}: not coerced)."""
-    resolved = _resolve(schema, schema if root is None else root, 0)
+    try:
+        return _member(schema, key, _Doc(schema if root is None else root))
+    except _TooMuch:
+        return {}
+
+
+def _member(schema: Any, key: str, doc: _Doc) -> Any:
+    resolved = _resolve(schema, doc, 0)
     if not isinstance(resolved, Mapping):
         return {}
     properties = resolved.get("properties")
@@ -62,7 +70,10 @@ def member_schema(schema: Any, key: str, root: Any = None) -> Any:
 def plain_object(schema: Any, root: Any = None) -> bool:
     """Whether `schema` is an object schema whose members can be coerced one by one (no
     `anyOf`/`oneOf`/`allOf` at its top), or no schema at all."""
-    resolved = _resolve(schema, schema if root is None else root, 0)
+    try:
+        resolved = _resolve(schema, _Doc(schema if root is None else root), 0)
+    except _TooMuch:
+        return False
     if not isinstance(resolved, Mapping):
         return True
     if any(k in resolved for k in ("anyOf", "oneOf", "allOf")):
@@ -70,14 +81,34 @@ def plain_object(schema: Any, root: Any = None) -> bool:
     return _types(resolved) in ([], ["object"])
 
 
-def _resolve(schema: Any, root: Any, depth: int) -> Any:
+class _TooMuch(Exception):
+    """A schema that would take too long to walk (a `$ref` to a union of itself, say)."""
+
+
+class _Doc:
+    """The schema document a walk reads `$ref`s in, and how many more steps it may take."""
+
+    __slots__ = ("left", "root")
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.left = _STEPS
+
+    def spend(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise _TooMuch
+
+
+def _resolve(schema: Any, doc: _Doc, depth: int) -> Any:
     """A local `$ref` (`#/$defs/X`) followed to its target; anything else as it is."""
+    doc.spend()
     while isinstance(schema, Mapping) and isinstance(schema.get("$ref"), str):
         depth += 1
         ref: str = schema["$ref"]
         if depth > _DEPTH or not ref.startswith("#"):
             return {}
-        target: Any = root
+        target: Any = doc.root
         for part in ref[1:].split("/")[1:] if ref != "#" else []:
             part = part.replace("~1", "/").replace("~0", "~")
             if isinstance(target, Mapping) and part in target:
@@ -131,53 +162,53 @@ def _is(value: Any, kind: str) -> bool:
     return False
 
 
-def _accepts(value: Any, schema: Any, root: Any, depth: int) -> bool:
+def _accepts(value: Any, schema: Any, doc: _Doc, depth: int) -> bool:
     """Whether `value`'s type is one `schema` allows as it is (no schema: any)."""
-    schema = _resolve(schema, root, depth)
+    doc.spend()  # every step of a walk pays, so no schema walks forever
+    schema = _resolve(schema, doc, depth)
     if not isinstance(schema, Mapping):
         return True
     branches = _branches(schema)
     if branches:
-        return any(_accepts(value, b, root, depth + 1) for b in branches)
+        return any(_accepts(value, b, doc, depth + 1) for b in branches)
     types = _types(schema)
     return not types or any(_is(value, t) for t in types)
 
 
-def _coerce(value: Any, schema: Any, root: Any, depth: int) -> Any:
+def _coerce(value: Any, schema: Any, doc: _Doc, depth: int) -> Any:
+    doc.spend()  # every step of a walk pays, so no schema walks forever
     if depth > _DEPTH:
         return value
-    schema = _resolve(schema, root, depth)
+    schema = _resolve(schema, doc, depth)
     if not isinstance(schema, Mapping):
         return value
     for part in schema.get("allOf") or []:
-        value = _coerce(value, part, root, depth + 1)
+        value = _coerce(value, part, doc, depth + 1)
     branches = _branches(schema)
     if branches:
         for branch in branches:  # the first branch that takes the value as it is
-            if _accepts(value, branch, root, depth + 1):
-                return _coerce(value, branch, root, depth + 1)
+            if _accepts(value, branch, doc, depth + 1):
+                return _coerce(value, branch, doc, depth + 1)
         for branch in branches:  # else the first that takes it converted
-            converted = _coerce(value, branch, root, depth + 1)
-            if _accepts(converted, branch, root, depth + 1):
+            converted = _coerce(value, branch, doc, depth + 1)
+            if _accepts(converted, branch, doc, depth + 1):
                 return converted
         return value
     types = _types(schema)
     for kind in types:
         if _is(value, kind):
-            return _inside(value, schema, root, depth)
+            return _inside(value, schema, doc, depth)
     for kind in types:
         converted = _convert(value, kind)
         if converted is not _FAIL:
-            return _inside(converted, schema, root, depth)
-    return _inside(value, schema, root, depth) if not types else value
+            return _inside(converted, schema, doc, depth)
+    return _inside(value, schema, doc, depth) if not types else value
 
 
-def _inside(value: Any, schema: Schema, root: Any, depth: int) -> Any:
+def _inside(value: Any, schema: Schema, doc: _Doc, depth: int) -> Any:
     """An object's members or an array's items coerced to their own schemas."""
     if isinstance(value, dict):
-        return {
-            k: _coerce(v, member_schema(schema, k, root), root, depth + 1) for k, v in value.items()
-        }
+        return {k: _coerce(v, _member(schema, k, doc), doc, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
         prefix = schema.get("prefixItems")
         prefix = prefix if isinstance(prefix, list) else []
@@ -185,7 +216,7 @@ def _inside(value: Any, schema: Schema, root: Any, depth: int) -> Any:
         if isinstance(items, list):  # the older tuple form
             prefix, items = items, schema.get("additionalItems")
         return [
-            _coerce(v, prefix[i] if i < len(prefix) else (items or {}), root, depth + 1)
+            _coerce(v, prefix[i] if i < len(prefix) else (items or {}), doc, depth + 1)
             for i, v in enumerate(value)
         ]
     return value
@@ -222,18 +253,19 @@ def _convert(value: Any, kind: str) -> Any:
     return _FAIL
 
 
-def _keeps_strings(schema: Any, root: Any, depth: int) -> bool:
+def _keeps_strings(schema: Any, doc: _Doc, depth: int) -> bool:
     """Mirrors `_coerce` for a string value: true when it returns any string unchanged."""
+    doc.spend()  # every step of a walk pays, so no schema walks forever
     if depth > _DEPTH:
         return True
-    schema = _resolve(schema, root, depth)
+    schema = _resolve(schema, doc, depth)
     if not isinstance(schema, Mapping):
         return True
-    if not all(_keeps_strings(p, root, depth + 1) for p in schema.get("allOf") or []):
+    if not all(_keeps_strings(p, doc, depth + 1) for p in schema.get("allOf") or []):
         return False
     branches = _branches(schema)
     if branches:
-        taking = [b for b in branches if _accepts("", b, root, depth + 1)]
-        return bool(taking) and _keeps_strings(taking[0], root, depth + 1)
+        taking = [b for b in branches if _accepts("", b, doc, depth + 1)]
+        return bool(taking) and _keeps_strings(taking[0], doc, depth + 1)
     types = _types(schema)
     return not types or "string" in types
