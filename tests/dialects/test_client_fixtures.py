@@ -52,10 +52,16 @@ def no_null_in_deltas(text: str) -> None:
 def openai_tool_call_deltas(text: str) -> None:
     calls = [c for d in _deltas(text) for c in d.get("tool_calls", [])]
     assert calls, "no tool_calls delta"
-    for call in calls:
-        assert call["index"] == 0 and call["id"] and call["type"] == "function"
-        assert call["function"]["name"] == "weather"
-        assert json.loads(call["function"]["arguments"]) == {"query": "Quito"}
+    # The first delta of a call has its id, type and name; the rest only argument fragments
+    # (as OpenAI streams them), which joined are the arguments.
+    first, rest = calls[0], calls[1:]
+    assert first["index"] == 0 and first["id"] and first["type"] == "function"
+    assert first["function"]["name"] == "weather"
+    for call in rest:
+        assert call["index"] == 0 and set(call) == {"index", "function"}
+        assert set(call["function"]) == {"arguments"}
+    arguments = "".join(c["function"]["arguments"] for c in calls)
+    assert json.loads(arguments) == {"query": "Quito"}
     finishes = [c["finish_reason"] for f in sse_data(text) for c in f.get("choices", [])]
     assert "tool_calls" in finishes
     assert any(f.get("usage") for f in sse_data(text)), "include_usage asked for usage"

@@ -21,6 +21,7 @@ import mlx_lm
 import ollama
 import openai
 import pytest
+from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from exo_core.engine import Engine, Runner, RunnerSpec, StatusReporter
 from exo_core.generation import Chunk, ErrorChunk, FinishChunk, GenerationParams
@@ -69,6 +70,17 @@ class Family:
 DSML = "｜DSML｜"
 
 
+def _dsml(block: str, name: str, args: dict[str, Any]) -> str:
+    """DeepSeek's DSML block, every value written as a string (as the model often does)."""
+    params = "".join(
+        f'<{DSML}parameter name="{k}" string="true">{v}</{DSML}parameter>\n'
+        for k, v in args.items()
+    )
+    return (
+        f'<{DSML}{block}>\n<{DSML}invoke name="{name}">\n{params}</{DSML}invoke>\n</{DSML}{block}>'
+    )
+
+
 def _toolcall(calls: list[tuple[str, dict[str, Any]]]) -> str:
     """Nemotron-H's block: every call of the turn in one JSON list."""
     listed = [{"name": name, "arguments": args} for name, args in calls]
@@ -108,14 +120,14 @@ FAMILIES = [
         "deepseek-v3.2",
         ("<think>", "</think>"),
         f"<{DSML}function_calls>",
-        lambda name, args: (
-            f'<{DSML}function_calls>\n<{DSML}invoke name="{name}">\n'
-            + "".join(
-                f'<{DSML}parameter name="{k}" string="true">{v}</{DSML}parameter>\n'
-                for k, v in args.items()
-            )
-            + f"</{DSML}invoke>\n</{DSML}function_calls>"
-        ),
+        lambda name, args: _dsml("function_calls", name, args),
+    ),
+    # V4's block is `tool_calls`; its parameters are V3.2's.
+    Family(
+        "deepseek-v4",
+        ("<think>", "</think>"),
+        f"<{DSML}tool_calls>",
+        lambda name, args: _dsml("tool_calls", name, args),
     ),
     Family(
         "nemotron-h",
@@ -146,6 +158,8 @@ def _answer(family: Family, params: GenerationParams) -> str:
     """The scripted model: a call to the first tool, or the answer once a tool has replied."""
     if params.messages[-1].role == "tool" or not params.tools:
         return family.answer(ANSWER)
+    if params.tools[0].name == FORECAST["name"]:
+        return family.call(FORECAST["name"], FORECAST_WRITTEN)
     if params.messages[-1].text() == ASK_BOTH and family.calls is not None:
         return family.calls([(t.name, {"city": "Paris"}) for t in params.tools])
     return family.call(params.tools[0].name, {"city": "Paris"})
@@ -246,7 +260,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Family
             model_type=family.model_type,
             special_tokens=family.specials,
             chat_template=family.template or f"{{# {family.marker} #}}{BASE}",
-            corpus=[family.call("get_weather", {"city": "Paris"}), ANSWER, THOUGHT, "get_time"],
+            corpus=[
+                family.call("get_weather", {"city": "Paris"}),
+                family.call(FORECAST["name"], FORECAST_WRITTEN),
+                ANSWER,
+                THOUGHT,
+                "get_time",
+            ],
             eos_tokens=family.eos,
         )
     plugin = FamilyPlugin(paths)
@@ -264,6 +284,24 @@ WEATHER = {
     "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
+# A tool whose schema types its arguments, and a model that writes every one as a string: the
+# client must get them typed (coerced to the schema).
+FORECAST: dict[str, Any] = {
+    "name": "get_forecast",
+    "description": "The forecast for a city",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "metric": {"type": "boolean"},
+            "note": {"type": "string"},
+        },
+    },
+}
+NOTE = "Bring an umbrella to the Paris weather meeting, the time is now."
+FORECAST_WRITTEN = {"city": "Paris", "days": "3", "metric": "true", "note": NOTE}
+FORECAST_TYPED = {"city": "Paris", "days": 3, "metric": True, "note": NOTE}
 ASK = "What is the weather in Paris?"
 ASK_BOTH = "What are the weather and the time in Paris?"
 names = [f.name for f in FAMILIES]
@@ -410,6 +448,149 @@ def test_ollama_round_trip(url: str, family: str) -> None:
     ]
     final = client.chat(model=model, messages=messages, tools=tools, stream=False)
     assert final.message.content == ANSWER
+
+
+# The families whose parsers stream a call's arguments as they are written (the others send a
+# call whole, once its block has closed, still as deltas).
+STREAMED = {"hermes", "deepseek-v3.1", "deepseek-v3.2", "deepseek-v4", "harmony"}
+FORECAST_TOOL: Any = {"type": "function", "function": FORECAST}
+ASK_FORECAST: Any = [{"role": "user", "content": "The forecast for Paris, please."}]
+
+
+def _enough_deltas(family: str, deltas: list[str]) -> None:
+    """A streamed family's arguments came in many pieces, not in one."""
+    pieces = [d for d in deltas if d]  # the first may be empty: it names the call
+    assert len(pieces) >= (5 if family in STREAMED else 1), deltas
+
+
+@pytest.mark.parametrize("family", names)
+def test_openai_chat_gets_arguments_typed_and_streamed(url: str, family: str) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    model = f"family-{family}"
+    reply = client.chat.completions.create(
+        model=model, messages=ASK_FORECAST, tools=[FORECAST_TOOL]
+    )
+    whole: Any = (reply.choices[0].message.tool_calls or [])[0]
+    assert json.loads(whole.function.arguments) == FORECAST_TYPED
+    # openai's stream helper assembles the deltas (and parses them as they come).
+    deltas: list[str] = []
+    with client.chat.completions.stream(
+        model=model, messages=ASK_FORECAST, tools=[FORECAST_TOOL]
+    ) as stream:
+        for event in stream:
+            if event.type == "tool_calls.function.arguments.delta":
+                deltas.append(event.arguments_delta)
+        final = stream.get_final_completion()
+    assert final.choices[0].finish_reason == "tool_calls"
+    calls: Any = final.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and calls[0].function.name == FORECAST["name"]
+    assert json.loads(calls[0].function.arguments) == FORECAST_TYPED
+    assert "".join(deltas) == calls[0].function.arguments
+    _enough_deltas(family, deltas)
+
+
+@pytest.mark.parametrize("family", names)
+def test_openai_responses_get_arguments_typed_and_streamed(url: str, family: str) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    model = f"family-{family}"
+    tool: Any = {"type": "function", **FORECAST}
+    ask = "The forecast for Paris, please."
+    reply = client.responses.create(model=model, input=ask, tools=[tool])
+    whole = [item for item in reply.output if item.type == "function_call"]
+    assert len(whole) == 1 and json.loads(whole[0].arguments) == FORECAST_TYPED
+    deltas: list[str] = []
+    done: list[str] = []
+    for event in client.responses.create(model=model, input=ask, tools=[tool], stream=True):
+        if event.type == "response.function_call_arguments.delta":
+            deltas.append(event.delta)
+        elif event.type == "response.function_call_arguments.done":
+            done.append(event.arguments)
+    assert len(done) == 1 and "".join(deltas) == done[0]
+    assert json.loads(done[0]) == FORECAST_TYPED
+    _enough_deltas(family, deltas)
+
+
+@pytest.mark.parametrize("family", names)
+def test_anthropic_gets_input_typed_and_streamed(url: str, family: str) -> None:
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    model = f"family-{family}"
+    tool: Any = {
+        "name": FORECAST["name"],
+        "description": FORECAST["description"],
+        "input_schema": FORECAST["parameters"],
+    }
+    ask: Any = [{"role": "user", "content": "The forecast for Paris, please."}]
+    reply = client.messages.create(model=model, max_tokens=1024, messages=ask, tools=[tool])
+    uses = [b for b in reply.content if b.type == "tool_use"]
+    assert len(uses) == 1 and uses[0].input == FORECAST_TYPED
+    # anthropic's stream helper assembles the input_json_delta events into the block's input.
+    deltas: list[str] = []
+    with client.messages.stream(model=model, max_tokens=1024, messages=ask, tools=[tool]) as s:
+        for event in s:
+            if event.type == "input_json":
+                deltas.append(event.partial_json)
+        final = s.get_final_message()
+    assert final.stop_reason == "tool_use"
+    streamed = [b for b in final.content if b.type == "tool_use"]
+    assert len(streamed) == 1 and streamed[0].name == FORECAST["name"]
+    assert streamed[0].input == FORECAST_TYPED
+    assert json.loads("".join(deltas)) == FORECAST_TYPED
+    _enough_deltas(family, deltas)
+
+
+@pytest.mark.parametrize("family", names)
+def test_ollama_gets_arguments_typed(url: str, family: str) -> None:
+    reply = ollama.Client(host=url).chat(
+        model=f"family-{family}", messages=ASK_FORECAST, tools=[FORECAST_TOOL], stream=False
+    )
+    calls = reply.message.tool_calls or []
+    assert len(calls) == 1 and dict(calls[0].function.arguments) == FORECAST_TYPED
+
+
+def _tokens_until(node: tuple[str, FamilyEngine], family: str, marker: str) -> int:
+    """How many tokens the scripted forecast call has before `marker` (to cut it there)."""
+    spec = next(f for f in FAMILIES if f.name == family)
+    tokenizer = load_tokenizer(node[1].paths[family])
+    written = spec.call(FORECAST["name"], FORECAST_WRITTEN)
+    return len(tokenizer.encode(written[: written.index(marker)], add_special_tokens=False))
+
+
+@pytest.mark.parametrize("family", sorted(STREAMED))
+def test_a_call_cut_off_by_max_tokens_is_text_and_streams_end_cleanly(
+    node: tuple[str, FamilyEngine], family: str
+) -> None:
+    url, model = node[0], f"family-{family}"
+    cut = _tokens_until(node, family, "umbrella")  # inside the note, mid-string
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model=model, messages=ASK_FORECAST, tools=[FORECAST_TOOL], max_tokens=cut
+    )
+    assert reply.choices[0].finish_reason == "length"
+    assert not reply.choices[0].message.tool_calls  # not a call: what the model said, as text
+    assert "Bring an" in (reply.choices[0].message.content or "")
+    # Streamed, the call's first fragments went out (a preview), then the stream ended.
+    finish, arguments = None, ""
+    for chunk in client.chat.completions.create(
+        model=model, messages=ASK_FORECAST, tools=[FORECAST_TOOL], max_tokens=cut, stream=True
+    ):
+        finish = chunk.choices[0].finish_reason or finish
+        for delta in chunk.choices[0].delta.tool_calls or []:
+            arguments += (delta.function.arguments or "") if delta.function else ""
+    assert finish == "length" and arguments.startswith('{"city": "Paris"')
+    ask = "The forecast for Paris, please."
+    tools: Any = [{"type": "function", **FORECAST}]
+    response = client.responses.create(model=model, input=ask, tools=tools, max_output_tokens=cut)
+    assert response.status == "incomplete"
+    assert "function_call" not in [item.type for item in response.output]
+    assert "Bring an" in response.output_text
+    # anthropic's stream helper reads the unfinished tool_use input without failing.
+    claude = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0)
+    tool: Any = {"name": FORECAST["name"], "input_schema": FORECAST["parameters"]}
+    with claude.messages.stream(
+        model=model, max_tokens=cut, messages=ASK_FORECAST, tools=[tool]
+    ) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens"
 
 
 def test_reasoning_effort_reaches_the_harmony_system_message(

@@ -174,11 +174,13 @@ def test_chat_tool_call_streamed(oai: openai.OpenAI) -> None:
     )
     chunks = [c for c in stream if c.choices]
     deltas = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
-    assert len(deltas) == 1
-    delta = deltas[0]
-    assert (delta.index, delta.type) == (0, "function")
-    assert delta.id and delta.function and delta.function.name == "get_weather"
-    assert json.loads(delta.function.arguments or "") == {"query": "Oslo"}
+    # The first delta names the call; the arguments follow in fragments as they are written.
+    first, rest = deltas[0], deltas[1:]
+    assert (first.index, first.type) == (0, "function")
+    assert first.id and first.function and first.function.name == "get_weather"
+    assert rest and all(d.index == 0 and not d.id and not d.type for d in rest)
+    arguments = "".join(d.function.arguments or "" for d in deltas if d.function)
+    assert json.loads(arguments) == {"query": "Oslo"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -265,17 +267,21 @@ def test_responses_tool_call_streamed(oai: openai.OpenAI) -> None:
         )
     )
     kinds = [e.type for e in events]
+    deltas = kinds.count("response.function_call_arguments.delta")
+    assert deltas > 1  # the arguments stream as they are written
     assert kinds == [
         "response.created",
         "response.in_progress",
         "response.output_item.added",
-        "response.function_call_arguments.delta",
+        *["response.function_call_arguments.delta"] * deltas,
         "response.function_call_arguments.done",
         "response.output_item.done",
         "response.completed",
     ]
-    assert json.loads(events[4].arguments) == {"query": "Rome"}
-    assert events[5].item.status == "completed"
+    done = events[-3]
+    assert json.loads(done.arguments) == {"query": "Rome"}
+    assert "".join(e.delta for e in events[3:-3]) == done.arguments
+    assert events[-2].item.status == "completed"
 
 
 def test_models(oai: openai.OpenAI) -> None:

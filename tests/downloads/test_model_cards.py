@@ -1,3 +1,4 @@
+# ruff: noqa: RUF001  (DeepSeek's markers are fullwidth characters by design)
 """Built-in cards (resources/model_cards) and custom cards built from a repo's config.json."""
 
 from __future__ import annotations
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from exo_core.builtin import output_parsers
 from exo_core.ids import ModelId, NodeId
 from exo_core.model_cards import Capability, ModelCard, load_card_file
 from exo_core.placement import place, runnable
@@ -117,7 +119,8 @@ def _tool_parsers() -> set[str | None]:
     import mlx_lm.tool_parsers
 
     modules = {p.stem for p in Path(mlx_lm.tool_parsers.__file__).parent.glob("*.py")}
-    return {None, "hermes", "harmony"} | (modules - {"__init__", "json_tools"})
+    core = set(output_parsers.exo_output_parsers()) - {"think"}  # hermes, DeepSeek's DSML
+    return {None, "harmony", *core} | (modules - {"__init__", "json_tools"})
 
 
 @pytest.mark.parametrize("path", TEXT_CARDS, ids=lambda p: p.stem)
@@ -310,6 +313,10 @@ DEEPSEEK_V31 = {  # thinking switched by a bare `thinking`; its tool format is t
     ),
     "added_tokens_decoder": _added("<think>", "</think>"),
 }
+DEEPSEEK_V4 = {  # DSML tool calls, which mlx-lm does not read: the core's parser does
+    "chat_template": "{% if tools %}<｜DSML｜tool_calls>{% endif %}<think>",
+    "added_tokens_decoder": _added("<think>", "</think>"),
+}
 GPT_OSS = {  # Harmony: no markers in the template mlx-lm knows; the vocabulary tells
     "chat_template": "{{ messages }}",
     "added_tokens_decoder": _added(
@@ -331,10 +338,20 @@ GPT_OSS = {  # Harmony: no markers in the template mlx-lm knows; the vocabulary 
         (KIMI_K2, "kimi_k2", None, {Capability.TOOLS}),  # the "default" named template
         (DEEPSEEK_V31, None, "think", {Capability.THINKING, Capability.THINKING_TOGGLE}),
         (GPT_OSS, "harmony", None, {Capability.THINKING, Capability.TOOLS}),
+        (DEEPSEEK_V4, "deepseek_v4", "think", {Capability.THINKING, Capability.TOOLS}),
         ({"chat_template": "{{ messages }}"}, None, None, set()),
         ({}, None, None, set()),
     ],
-    ids=["qwen3", "minimax_m2", "kimi_k2", "deepseek_v31", "gpt_oss", "plain", "none"],
+    ids=[
+        "qwen3",
+        "minimax_m2",
+        "kimi_k2",
+        "deepseek_v31",
+        "gpt_oss",
+        "deepseek_v4",
+        "plain",
+        "none",
+    ],
 )
 def test_a_custom_card_detects_its_parsers_from_the_tokenizer_config(
     tokenizer_config: dict[str, object],

@@ -142,6 +142,19 @@ class ToolCallChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     call: ToolCall
 
 
+class ToolCallDeltaChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A tool call as the model writes it: its id and name, and the next fragment of its
+    arguments' JSON text. The whole call follows as a `ToolCallChunk` with the same id (and
+    the fragments joined as its arguments); a call the model never finished (cut off by
+    `max_tokens`) has no `ToolCallChunk`. Streamed answers render the deltas, collected ones
+    the whole call."""
+
+    task_id: TaskId
+    id: str
+    name: str
+    arguments: str = ""
+
+
 class FinishChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """The last chunk of a successful (or cancelled, or length-capped) generation."""
 
@@ -199,6 +212,7 @@ Chunk = (
     TextChunk
     | ThinkingChunk
     | ToolCallChunk
+    | ToolCallDeltaChunk
     | FinishChunk
     | ErrorChunk
     | KeepAliveChunk

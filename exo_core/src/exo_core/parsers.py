@@ -6,7 +6,9 @@ output format (its tokenizer names the think and tool-call markers) may parse on
 with the same classes, so its chunks reach the dialects already structured.
 
 Every parser here is streaming: text that might be the start of a tag is held back until it
-is decided, so a tag split across tokens is still found.
+is decided, so a tag split across tokens is still found. A tool-call parser given a
+`CallStream` (Hermes JSON here, DeepSeek's DSML in `exo_core.dsml`) also sends each call's
+arguments as `ToolCallDeltaChunk`s while the model writes them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import abc
 import json
 import re
 from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
 from exo_core.generation import (
     Chunk,
@@ -23,9 +26,11 @@ from exo_core.generation import (
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
+    ToolCallDeltaChunk,
 )
 from exo_core.ids import TaskId, new_id
 from exo_core.model_cards import ModelCard
+from exo_core.tool_arguments import ArgumentStream
 
 # gpt-oss's Harmony format: a vocabulary holding all of these markers speaks it. Here in the
 # core because both the engine (to parse) and the downloader (to label a custom card) ask.
@@ -201,22 +206,76 @@ ToolBlockReader = Callable[[str], Sequence[ToolCall]]
 `ToolCallParseError` (or ValueError) when the text is not a call."""
 
 
+CallFragment = tuple[int, str, str]
+"""(the call's number within its block, its name, the next fragment of its arguments' JSON)."""
+
+
+class CallStream(Protocol):
+    """Reads one tool-call block as it streams, so a call's arguments reach clients as the
+    model writes them. Fragments of one call joined are its arguments' JSON text."""
+
+    def feed(self, text: str) -> list[CallFragment]:
+        """The next text of the block; returns the fragments that are now certain."""
+        ...
+
+    def finish(self) -> list[CallFragment]:
+        """The block closed: returns what is left, every call's arguments closed."""
+        ...
+
+
 class ToolBlockParser(TaggedBlockParser):
     """A tool-call block between `open_tag` and `close_tag` becomes tool call chunks.
 
-    A block that the reader refuses comes out as plain text, so nothing the model said is
-    lost."""
+    With a `stream` (a `CallStream` factory), each call also comes out as
+    `ToolCallDeltaChunk`s while its block is still being written, and the block's calls are
+    the ones streamed; without one (or when the stream found no call), the whole block is
+    read by `read` once it closes. A block that the reader refuses comes out as plain text, so
+    nothing the model said is lost; so does a block cut off before its end (its deltas, if
+    any went out, were a preview)."""
 
-    def __init__(self, open_tag: str, close_tag: str, read: ToolBlockReader) -> None:
+    def __init__(
+        self,
+        open_tag: str,
+        close_tag: str,
+        read: ToolBlockReader,
+        stream: Callable[[], CallStream] | None = None,
+    ) -> None:
         super().__init__(open_tag, close_tag)
         self._read = read
+        self._streams = stream
         self._call = ""
+        self._reset()
+
+    def _reset(self) -> None:
+        self._stream = self._streams() if self._streams is not None else None
+        # The calls streamed from this block, by number: (id, name, argument fragments).
+        self._streamed: dict[int, tuple[str, str, list[str]]] = {}
+
+    def _deltas(self, task_id: TaskId, fragments: list[CallFragment]) -> list[Chunk]:
+        out: list[Chunk] = []
+        for number, name, text in fragments:
+            call_id, _, parts = self._streamed.setdefault(number, (new_id("call"), name, []))
+            parts.append(text)
+            out.append(ToolCallDeltaChunk(task_id=task_id, id=call_id, name=name, arguments=text))
+        return out
 
     def _block(self, task_id: TaskId, text: str, closed: bool) -> list[Chunk]:
         self._call += text
+        out: list[Chunk] = []
+        if self._stream is not None:
+            out = self._deltas(task_id, self._stream.feed(text))
+            if closed:
+                out += self._deltas(task_id, self._stream.finish())
         if not closed:
-            return []
+            return out
         raw, self._call = self._call, ""
+        streamed = [
+            ToolCall(id=call_id, name=name, arguments="".join(parts))
+            for call_id, name, parts in (self._streamed[n] for n in sorted(self._streamed))
+        ]
+        self._reset()
+        if streamed:
+            return [*out, *(ToolCallChunk(task_id=task_id, call=call) for call in streamed)]
         try:
             calls = list(self._read(raw))
         except (ValueError, KeyError, TypeError, AttributeError, IndexError):
@@ -230,6 +289,7 @@ class ToolBlockParser(TaggedBlockParser):
             return self._block(task_id, text, closed=True)
         # A call cut off (max_tokens, a stop) is not a call: give back what was said.
         raw, self._call = self._call + text, ""
+        self._reset()
         return [TextChunk(task_id=task_id, text=f"{self.open_tag}{raw}")]
 
 
@@ -248,3 +308,47 @@ def read_hermes(text: str) -> list[ToolCall]:
     if not isinstance(data, dict):
         raise ToolCallParseError("a tool call is a JSON object")
     return [tool_call(data["name"], data.get("arguments", data.get("parameters", {})))]
+
+
+_HERMES_HEAD = re.compile(
+    r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:', re.DOTALL
+)
+
+
+_HEAD_LIMIT = 4096  # a name and the text before the arguments are never longer
+
+
+class HermesCallStream:
+    """A `{"name": ..., "arguments": ...}` block streamed: the call starts once its name is
+    read, then its arguments go out as written. Another layout (the arguments first, a list of
+    calls) is not streamed; the block is then read whole when it closes."""
+
+    def __init__(self) -> None:
+        self._head = ""
+        self._name: str | None = None
+        self._args = ArgumentStream()
+
+    def feed(self, text: str) -> list[CallFragment]:
+        if self._name is not None:
+            return self._fragment(self._args.feed(text) if not self._args.done else "")
+        if len(self._head) > _HEAD_LIMIT:
+            return []  # not the layout that streams: the block is read whole at its end
+        self._head += text
+        match = _HERMES_HEAD.match(self._head)
+        if match is None:
+            return []
+        try:
+            name = json.loads(match.group(1))
+        except ValueError:
+            name = ""
+        if not isinstance(name, str) or not name:
+            self._head = "-" * (_HEAD_LIMIT + 1)  # not a call: read whole at the end
+            return []
+        self._name = name
+        return [(0, name, ""), *self._fragment(self._args.feed(self._head[match.end() :]))]
+
+    def _fragment(self, text: str) -> list[CallFragment]:
+        return [(0, self._name, text)] if text and self._name is not None else []
+
+    def finish(self) -> list[CallFragment]:
+        return self._fragment(self._args.finish()) if self._name is not None else []

@@ -61,6 +61,7 @@ from exo_core.commands import (
 from exo_core.config import NodeConfig, cache_dir
 from exo_core.context import Job, NodeContext
 from exo_core.downloads import Downloader, DownloadFailed, ProgressReporter
+from exo_core.dsml import V4_BLOCK, V32_BLOCK, DsmlCallStream, DsmlToolParser, read_dsml
 from exo_core.durable import replace_durably
 from exo_core.engine import Engine, Runner, RunnerDied, RunnerSpec, StatusReporter
 from exo_core.events import (
@@ -88,6 +89,7 @@ from exo_core.generation import (
     TokenLogprob,
     ToolCall,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     ToolSpec,
     TopLogprob,
     Usage,
@@ -107,7 +109,10 @@ from exo_core.model_cards import (
 )
 from exo_core.parsers import (
     HARMONY_MARKERS,
+    CallFragment,
+    CallStream,
     ChainedParser,
+    HermesCallStream,
     OutputParser,
     ParserFactory,
     TaggedBlockParser,
@@ -185,6 +190,14 @@ from exo_core.subprocess_runner import (
     run_runner_child,
     start_request_reader,
 )
+from exo_core.tool_arguments import (
+    ArgumentStream,
+    CallCoercion,
+    coerce_arguments,
+    dumps_json,
+    schemas,
+)
+from exo_core.tool_schema import coerce_value, keeps_strings, member_schema
 from exo_core.transport.base import (
     PayloadTooLarge,
     PeerConnected,
@@ -200,7 +213,7 @@ from exo_core.transport.base import (
 from exo_core.trust import instances_using
 from exo_core.watchdog import Watchdog
 
-API_VERSION = "1.4"
+API_VERSION = "1.5"
 """major.minor: the minor grows when something is added, the major when something changes."""
 
 InjectedNode = NamedDependency[NodeContext]
@@ -219,8 +232,14 @@ __all__ = [
     "NDJSON_MEDIA_TYPE",
     "RING_TOKEN_ENV",
     "UNFINISHED",
+    "V4_BLOCK",
+    "V32_BLOCK",
     "AddModelCard",
     "AnyRequest",
+    "ArgumentStream",
+    "CallCoercion",
+    "CallFragment",
+    "CallStream",
     "CancelTask",
     "Capability",
     "ChainedParser",
@@ -238,6 +257,8 @@ __all__ = [
     "DownloadProgressed",
     "DownloadStatus",
     "Downloader",
+    "DsmlCallStream",
+    "DsmlToolParser",
     "Engine",
     "ErrorChunk",
     "Event",
@@ -251,6 +272,7 @@ __all__ = [
     "GenerationService",
     "GroupError",
     "GroupRunner",
+    "HermesCallStream",
     "ImageChunk",
     "ImageFormat",
     "ImageRequest",
@@ -324,6 +346,7 @@ __all__ = [
     "ToolBlockReader",
     "ToolCall",
     "ToolCallChunk",
+    "ToolCallDeltaChunk",
     "ToolCallParseError",
     "ToolSpec",
     "TopLogprob",
@@ -347,12 +370,15 @@ __all__ = [
     "card_config_problem",
     "check_model_id",
     "child_environment",
+    "coerce_arguments",
+    "coerce_value",
     "decode_body",
     "decode_from_runner",
     "decode_to_runner",
     "derive_key",
     "dialect_router",
     "documented_body",
+    "dumps_json",
     "encode_frame",
     "exception_handlers",
     "find_fast_blas",
@@ -363,9 +389,11 @@ __all__ = [
     "instances_using",
     "is_safe_model_id",
     "join_group",
+    "keeps_strings",
     "load_card_dir",
     "load_card_file",
     "loaded_blas",
+    "member_schema",
     "model_id_problem",
     "model_path",
     "native_error",
@@ -376,6 +404,7 @@ __all__ = [
     "place",
     "preload_works",
     "public_message",
+    "read_dsml",
     "read_hermes",
     "remove_model_dir",
     "replace_durably",
@@ -385,6 +414,7 @@ __all__ = [
     "run_runner_child",
     "runnable",
     "runner_env",
+    "schemas",
     "shim_for",
     "speaks_harmony",
     "split_held",

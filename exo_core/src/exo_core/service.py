@@ -30,12 +30,14 @@ from exo_core.generation import (
     TextChunk,
     ThinkingChunk,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     Usage,
 )
 from exo_core.ids import InstanceId, ModelId, NodeId, TaskId, new_id
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, State, Task
+from exo_core.tool_arguments import CallCoercion
 from exo_core.validation import FieldNames, ParamError, check_params
 
 if TYPE_CHECKING:
@@ -292,6 +294,7 @@ class GenerationService:
         self._streaming.update(dict.fromkeys(ids, task.task_id))
         node.bodies.hold(task)  # rank 0 fetches it from here; the log never sees it
         parser = node.parser_for(card, params) if image is None else None
+        coercion = CallCoercion(params.tools)  # tool calls typed as the request's schemas
         done = False
         called_tools = False
         timing = _Timing()
@@ -314,6 +317,7 @@ class GenerationService:
                     parsed = [*(parser.finish(task.task_id) if parser else []), chunk]
                 else:
                     parsed = [chunk]
+                parsed = [out for piece in parsed for out in coercion.feed(piece)]
                 for piece in parsed:
                     if isinstance(piece, ProgressChunk):
                         self._progress[task.task_id] = TaskProgress(
@@ -326,7 +330,9 @@ class GenerationService:
                             index=piece.index,
                             updated=time.time(),
                         )
-                    if isinstance(piece, TextChunk | ThinkingChunk | ToolCallChunk):
+                    if isinstance(
+                        piece, TextChunk | ThinkingChunk | ToolCallChunk | ToolCallDeltaChunk
+                    ):
                         timing.output()
                     if isinstance(piece, ToolCallChunk):
                         called_tools = True

@@ -27,6 +27,7 @@ from exo_core.plugin import (
     TextChunk,
     ThinkingChunk,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     ToolSpec,
 )
 from exo_engine_mlx.output import family_parser, opens_thinking, tool_format
@@ -233,6 +234,23 @@ FAMILIES = [
         "</｜DSML｜invoke>\n"
         "</｜DSML｜function_calls>",
     ),
+    Family(
+        "deepseek v4 (DSML)",
+        "deepseek_v4",
+        ("<think>", "</think>"),
+        "<｜DSML｜tool_calls>",
+        THINK + "Checking both.\n\n"
+        "<｜DSML｜tool_calls>\n"
+        '<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n"
+        '<｜DSML｜invoke name="get_weather">\n'
+        '<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="days" string="false">1</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n"
+        "</｜DSML｜tool_calls>",
+    ),
     # Nemotron Nano 9B v2: every call in one JSON list. The markers are plain text here (the
     # template names them), so they reach the parser split over several tokens.
     Family(
@@ -317,6 +335,25 @@ def test_thinking_text_and_every_call_come_out_structured(family: Any) -> None:
     assert len({c.id for c in calls}) == len(calls)
     assert joined(out, ThinkingChunk).strip() == spec.think
     assert joined(out, TextChunk).strip() == spec.text
+
+
+# The formats read as they stream: a call's arguments go out while its block is written.
+STREAMED = {"json_tools", "deepseek_v3", "deepseek_v32", "deepseek_v4"}
+
+
+def test_streamed_formats_send_each_calls_arguments_as_deltas(family: Any) -> None:
+    spec, tokenizer = family
+    out = stream(tokenizer, params(), spec.output)
+    calls = [c.call for c in out if isinstance(c, ToolCallChunk)]
+    pieces: dict[str, list[str]] = {}
+    for chunk in out:
+        if isinstance(chunk, ToolCallDeltaChunk):
+            pieces.setdefault(chunk.id, []).append(chunk.arguments)
+    if spec.parser not in STREAMED:
+        assert not pieces  # read whole once the block closes
+        return
+    assert {i: "".join(p) for i, p in pieces.items()} == {c.id: c.arguments for c in calls}
+    assert all(len([p for p in ps if p]) > 2 for ps in pieces.values())
 
 
 def test_without_tools_in_the_request_calls_stay_text(family: Any) -> None:
@@ -458,6 +495,18 @@ def test_harmony_channels_and_calls_come_out_structured(harmony: Any) -> None:
     assert joined(out, TextChunk) == "Checking both."
 
 
+def test_harmony_calls_stream_their_arguments(harmony: Any) -> None:
+    out = stream(harmony, params(), HARMONY_OUTPUT)
+    calls = [c.call for c in out if isinstance(c, ToolCallChunk)]
+    joined: dict[str, str] = {}
+    for chunk in out:
+        if isinstance(chunk, ToolCallDeltaChunk):
+            assert chunk.name == "get_weather"
+            joined[chunk.id] = joined.get(chunk.id, "") + chunk.arguments
+    assert joined == {c.id: c.arguments for c in calls} and len(calls) == 2
+    assert len([c for c in out if isinstance(c, ToolCallDeltaChunk)]) > 6
+
+
 def test_harmony_without_tools_or_cut_off_calls_stay_text(harmony: Any) -> None:
     out = stream(harmony, params(tools=False), HARMONY_OUTPUT)
     assert not any(isinstance(c, ToolCallChunk) for c in out)
@@ -478,3 +527,34 @@ def test_harmony_prompt_opening_the_analysis_channel_starts_in_thinking() -> Non
     out += parser.feed(TextChunk(task_id=TASK, text="<|channel|>final<|message|>Hi"))
     out += parser.finish(TASK)
     assert joined(out, ThinkingChunk) == "Hmm." and joined(out, TextChunk) == "Hi"
+
+
+V30 = (
+    "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜>'
+    '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Rome"}<｜tool▁call▁end｜>'
+    "<｜tool▁calls▁end｜>"
+)
+
+
+@pytest.mark.parametrize("cut", range(len(V30) + 1))
+def test_deepseek_v3_calls_stream_wherever_the_text_splits(cut: int) -> None:
+    from exo_core.plugin import ToolBlockParser
+    from exo_engine_mlx.tool_formats import FORMATS
+
+    v3 = next(f for f in FORMATS if f.name == "deepseek_v3")
+    parser = ToolBlockParser(v3.start, v3.end, lambda text: [], v3.stream)
+    out = [*parser.feed(TextChunk(task_id=TASK, text=V30[:cut]))]
+    out += parser.feed(TextChunk(task_id=TASK, text=V30[cut:]))
+    out += parser.finish(TASK)
+    calls = [c.call for c in out if isinstance(c, ToolCallChunk)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris", "days": 2}),
+        ("get_weather", {"city": "Rome"}),
+    ]
+    joined: dict[str, str] = {}
+    for chunk in out:
+        if isinstance(chunk, ToolCallDeltaChunk):
+            joined[chunk.id] = joined.get(chunk.id, "") + chunk.arguments
+    assert joined == {c.id: c.arguments for c in calls}
+    assert not [c for c in out if isinstance(c, TextChunk)]

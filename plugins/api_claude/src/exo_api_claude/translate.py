@@ -45,6 +45,7 @@ from exo_core.plugin import (
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     ToolSpec,
     Usage,
     answered,
@@ -337,7 +338,7 @@ def message(model: str, chunks: list[Chunk], message_id: str | None = None) -> d
                 raise GenerationFailed(problem)
             case FinishChunk():
                 finish = chunk
-            case KeepAliveChunk():
+            case KeepAliveChunk() | ToolCallDeltaChunk():
                 pass
     finish = answered(finish)
     reason, sequence = stop_reason(finish)
@@ -361,6 +362,8 @@ class MessageStream:
         self.model = model
         self._index = -1
         self._open: str | None = None  # the type of the content block being streamed
+        self._call: str | None = None  # the id of the tool_use block being streamed
+        self._streamed: set[str] = set()  # calls whose input went out as deltas
 
     @staticmethod
     def _event(kind: str, **fields: Any) -> str:
@@ -384,7 +387,7 @@ class MessageStream:
     def _close(self) -> list[str]:
         if self._open is None:
             return []
-        self._open = None
+        self._open, self._call = None, None
         return [self._event("content_block_stop", index=self._index)]
 
     def _block(self, kind: str, block: dict[str, Any]) -> list[str]:
@@ -412,7 +415,22 @@ class MessageStream:
                     "thinking", {"type": "thinking", "thinking": "", "signature": ""}
                 )
                 return [*frames, self._delta({"type": "thinking_delta", "thinking": text})]
+            case ToolCallDeltaChunk(id=call_id, name=name, arguments=partial):
+                frames: list[str] = []
+                if self._call != call_id:  # the call's first delta opens its block
+                    frames = self._close()
+                    block = {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+                    frames += self._block("tool_use", block)
+                    self._call = call_id
+                    self._streamed.add(call_id)
+                if partial:
+                    frames.append(
+                        self._delta({"type": "input_json_delta", "partial_json": partial})
+                    )
+                return frames
             case ToolCallChunk(call=call):
+                if call.id in self._streamed:  # its input went out as deltas: the block ends
+                    return self._close() if self._call == call.id else []
                 frames = self._close()
                 block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
                 frames += self._block("tool_use", block)
@@ -435,6 +453,8 @@ class MessageStream:
                 ]
             case ErrorChunk(message=problem):
                 return self.fail(problem)
+            case _:  # image progress and images never reach a text stream
+                return []
 
     def fail(self, message: str) -> list[str]:
         """An error after the stream began: Anthropic's `error` event (its client raises)."""

@@ -401,6 +401,8 @@ class Reply:
                 return [self._line({**self._object(done=True), **end})]
             case ErrorChunk(message=message):
                 return self.fail(message)
+            case _:  # Ollama sends a call whole (not its deltas); images never come here
+                return []
 
     def _elapsed(self) -> float:
         return time.monotonic() - self._started

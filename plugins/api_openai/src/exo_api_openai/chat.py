@@ -38,6 +38,7 @@ from exo_core.plugin import (
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     Usage,
     answered,
     finish_failure,
@@ -180,7 +181,7 @@ class ChatStream:
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
-        self._tool_calls = 0
+        self._calls: dict[str, int] = {}  # each call's index, by id
 
     def _frame(self, payload: dict[str, Any]) -> str:
         return f"data: {msgspec.json.encode(payload).decode()}\n\n"
@@ -216,9 +217,19 @@ class ChatStream:
                 return [self._chunk({"content": text}, logprobs=logprobs)]
             case ThinkingChunk(text=text):
                 return [self._chunk({"reasoning_content": text})] if text else []
+            case ToolCallDeltaChunk(id=call_id, name=name, arguments=arguments):
+                index = self._calls.get(call_id)
+                if index is None:  # the call's first chunk: id, type and name
+                    index = self._calls[call_id] = len(self._calls)
+                    call = ToolCall(id=call_id, name=name, arguments=arguments)
+                    return [self._chunk({"tool_calls": [_tool_call(index, call)]})]
+                delta = {"index": index, "function": {"arguments": arguments}}
+                return [self._chunk({"tool_calls": [delta]})]
             case ToolCallChunk(call=call):
-                index, self._tool_calls = self._tool_calls, self._tool_calls + 1
-                return [self._chunk({"tool_calls": [_tool_call(index, call)]})]
+                if call.id in self._calls:  # streamed already, as its deltas
+                    return []
+                self._calls[call.id] = len(self._calls)
+                return [self._chunk({"tool_calls": [_tool_call(self._calls[call.id], call)]})]
             case KeepAliveChunk(prefill_processed=done, prefill_total=total):
                 # A comment: clients skip it, people and proxies see the prompt being read.
                 return [f": prefill {done}/{total}\n\n" if total else ": keep-alive\n\n"]
@@ -275,7 +286,7 @@ def completion(model: str, chunks: list[Chunk], completion_id: str | None = None
                 raise GenerationFailed(chunk.message)
             case FinishChunk():
                 finish = chunk
-            case KeepAliveChunk():
+            case KeepAliveChunk() | ToolCallDeltaChunk():
                 pass
     finish = answered(finish)
     content = "".join(text)

@@ -41,6 +41,7 @@ from exo_core.plugin import (
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     ToolSpec,
     Usage,
     finish_failure,
@@ -247,6 +248,8 @@ class ResponseBuilder:
         self._logprobs = logprobs
         self._seq = 0
         self._open: _OpenItem | None = None
+        # Function calls being streamed, by call id: (output index, item, arguments so far).
+        self._calls: dict[str, tuple[int, dict[str, Any], list[str]]] = {}
 
     def _event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self._seq, **fields}
@@ -349,24 +352,43 @@ class ResponseBuilder:
             frames.append(self._event("response.reasoning_text.delta", **where, delta=text))
         return frames
 
-    def _call(self, call: ToolCall) -> list[str]:
+    def _open_call(self, call_id: str, name: str) -> list[str]:
+        """Opens the call's `function_call` item when it is new."""
+        if call_id in self._calls:
+            return []
         frames = self._close()
         item: dict[str, Any] = {
             "type": "function_call",
             "id": common.new_id("fc_"),
-            "call_id": call.id,
-            "name": call.name,
+            "call_id": call_id,
+            "name": name,
             "arguments": "",
             "status": "in_progress",
         }
         index, added = self._add(item)
+        self._calls[call_id] = (index, item, [])
+        return [*frames, added]
+
+    def _arguments(self, call_id: str, delta: str) -> list[str]:
+        index, item, arguments = self._calls[call_id]
+        if not delta:
+            return []
+        arguments.append(delta)
+        where = {"item_id": item["id"], "output_index": index}
+        return [self._event("response.function_call_arguments.delta", **where, delta=delta)]
+
+    def _call(self, call: ToolCall) -> list[str]:
+        """The whole call: its arguments (those not streamed yet), then the item done."""
+        frames = self._open_call(call.id, call.name)
+        streamed = "".join(self._calls[call.id][2])
+        if not streamed:
+            frames += self._arguments(call.id, call.arguments)
+        index, item, _ = self._calls.pop(call.id)
         done = {**item, "arguments": call.arguments, "status": "completed"}
         self.response["output"][index] = done
         where = {"item_id": item["id"], "output_index": index}
         return [
             *frames,
-            added,
-            self._event("response.function_call_arguments.delta", **where, delta=call.arguments),
             self._event(
                 "response.function_call_arguments.done",
                 **where,
@@ -376,6 +398,16 @@ class ResponseBuilder:
             self._event("response.output_item.done", output_index=index, item=done),
         ]
 
+    def _unfinished_calls(self) -> list[str]:
+        """Calls the model never finished (cut off): their items end incomplete."""
+        frames: list[str] = []
+        for index, item, arguments in self._calls.values():
+            done = {**item, "arguments": "".join(arguments), "status": "incomplete"}
+            self.response["output"][index] = done
+            frames.append(self._event("response.output_item.done", output_index=index, item=done))
+        self._calls.clear()
+        return frames
+
     def feed(self, chunk: Chunk) -> list[str]:
         match chunk:
             case TextChunk(text=text, logprobs=lps):
@@ -384,6 +416,8 @@ class ResponseBuilder:
                 return self._text("message", text, [common.token_logprob(lp) for lp in lps])
             case ThinkingChunk(text=text):
                 return self._text("reasoning", text, []) if text else []
+            case ToolCallDeltaChunk(id=call_id, name=name, arguments=delta):
+                return [*self._open_call(call_id, name), *self._arguments(call_id, delta)]
             case ToolCallChunk(call=call):
                 return self._call(call)
             case KeepAliveChunk():
@@ -392,7 +426,7 @@ class ResponseBuilder:
                 problem = finish_failure(reason)
                 if problem is not None:
                     return self.fail(problem)
-                frames = self._close()
+                frames = [*self._close(), *self._unfinished_calls()]
                 self.response["usage"] = _usage(usage)
                 if reason == FinishReason.LENGTH:
                     self.response["status"] = "incomplete"
@@ -407,7 +441,7 @@ class ResponseBuilder:
 
     def fail(self, message: str) -> list[str]:
         self.error = message
-        frames = self._close()
+        frames = [*self._close(), *self._unfinished_calls()]
         self.response["status"] = "failed"
         self.response["error"] = {"code": "server_error", "message": message}
         return [*frames, self._event("response.failed", response=self.response)]
@@ -422,4 +456,11 @@ def build(builder: ResponseBuilder, chunks: list[Chunk]) -> dict[str, Any]:
         raise GenerationFailed(builder.error)
     if builder.response["status"] == "in_progress":
         raise GenerationFailed(UNFINISHED)
+    # A call cut off (a stream showed it as an incomplete item) is no call: its text is there.
+    output = builder.response["output"]
+    builder.response["output"] = [
+        item
+        for item in output
+        if not (item["type"] == "function_call" and item["status"] == "incomplete")
+    ]
     return builder.response

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exo_core.plugin import Capability, speaks_harmony, thinking_switch
+from exo_core.plugin import V4_BLOCK, V32_BLOCK, Capability, speaks_harmony, thinking_switch
 
 # mlx-lm's tool parser whose format one of the core's output parsers reads: the card names
 # the core's parser, so the node parses it too (as the built-in cards do).
 _CORE_PARSERS = {"json_tools": "hermes"}
+_DSML = (("deepseek_v4", V4_BLOCK), ("deepseek_v32", V32_BLOCK))
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,8 @@ def detect(tokenizer_config: dict[str, Any], template_file: str | None = None) -
     else:
         tool = _infer_tool_parser(tokens)
         think_start = _infer_thinking(tokens)[0]
+    if tool is None:  # DeepSeek's DSML (V4's block, V3.2's), which the core reads
+        tool = next((name for name, (start, _) in _DSML if start in template), None)
     if tool is None and speaks_harmony(tokens.get_vocab()):
         # gpt-oss: its channels carry both thinking and calls; the runner parses them.
         tool, think_start = "harmony", "<|channel|>analysis"

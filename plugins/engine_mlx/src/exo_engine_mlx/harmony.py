@@ -18,6 +18,7 @@ import json
 from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
 
 from exo_core.plugin import (
+    ArgumentStream,
     Chunk,
     OutputParser,
     TaskId,
@@ -25,7 +26,9 @@ from exo_core.plugin import (
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
+    ToolCallDeltaChunk,
     ToolCallParseError,
+    new_id,
     tool_call,
 )
 from exo_engine_mlx.harmony_encoding import harmony_encoding
@@ -78,6 +81,7 @@ class HarmonyParser(OutputParser):
         self._opened = False  # whether the answer has opened any message yet
         self._header: list[int] = []  # the tokens of the header being read
         self._failed = False  # the model left the format: the rest is text
+        self._call: tuple[str, ArgumentStream] | None = None  # the call being streamed
         # The template leaves the answer's header open (`<|start|>assistant`), or even its
         # thinking (`...<|channel|>analysis<|message|>`): the parser starts there.
         at = prompt.rfind(START)
@@ -109,23 +113,50 @@ class HarmonyParser(OutputParser):
 
     def _content(self, task_id: TaskId) -> list[Chunk]:
         delta = self._parser.last_content_delta
-        if not delta or self._is_call(self._parser.current_recipient):
-            return []  # a call's arguments are read whole once its message ends
+        recipient = self._parser.current_recipient
+        if self._is_call(recipient):
+            return self._call_delta(task_id, recipient or "", delta or "")
+        if not delta:
+            return []
         if self.thinking:
             return [ThinkingChunk(task_id=task_id, text=delta)]
         return [TextChunk(task_id=task_id, text=delta)]
 
+    def _call_delta(self, task_id: TaskId, recipient: str, delta: str) -> list[Chunk]:
+        """A call's arguments as they are written (the JSON normalised as it streams)."""
+        out: list[Chunk] = []
+        name = recipient.removeprefix("functions.")
+        if self._call is None:
+            self._call = (new_id("call"), ArgumentStream())
+            out.append(ToolCallDeltaChunk(task_id=task_id, id=self._call[0], name=name))
+        call_id, stream = self._call
+        text = stream.feed(delta)
+        if text:
+            out.append(ToolCallDeltaChunk(task_id=task_id, id=call_id, name=name, arguments=text))
+        return out
+
     def _closed(self, task_id: TaskId) -> list[Chunk]:
         """The message that just ended: a tool call, when it was one."""
         self._in_content = False
+        streamed, self._call = self._call, None
         message = self._parser.messages[-1]
         if not self._is_call(message.recipient):
             return []
         body = "".join(getattr(c, "text", "") for c in message.content)
         call = read_call(message.recipient or "", body)
-        if call is None:  # not a call after all: say what the model said
+        if call is None:  # not a call after all (cut off mid-JSON): say what the model said
             return [TextChunk(task_id=task_id, text=body)]
-        return [ToolCallChunk(task_id=task_id, call=call)]
+        if streamed is None:
+            return [ToolCallChunk(task_id=task_id, call=call)]
+        call_id, stream = streamed
+        rest = stream.finish()
+        last: list[Chunk] = []
+        if rest:
+            last.append(
+                ToolCallDeltaChunk(task_id=task_id, id=call_id, name=call.name, arguments=rest)
+            )
+        whole = ToolCall(id=call_id, name=call.name, arguments=stream.text)
+        return [*last, ToolCallChunk(task_id=task_id, call=whole)]
 
     def _token(self, task_id: TaskId, token: int) -> list[Chunk]:
         out: list[Chunk] = []

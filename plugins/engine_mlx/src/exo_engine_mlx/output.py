@@ -18,6 +18,7 @@ from typing import Any
 from exo_core.plugin import (
     ChainedParser,
     GenerationParams,
+    HermesCallStream,
     OutputParser,
     ThinkParser,
     ToolBlockParser,
@@ -67,7 +68,10 @@ def tool_format(tokenizer: Any) -> ToolFormat | None:
     start = getattr(tokenizer, "tool_call_start", None)
     if parse is not None and isinstance(start, str) and start:
         name = str(getattr(parse, "__module__", "")).rsplit(".", 1)[-1]
-        return ToolFormat(name, start, getattr(tokenizer, "tool_call_end", None) or "", parse)
+        end = getattr(tokenizer, "tool_call_end", None) or ""
+        # Hermes JSON is streamed as it is written; mlx-lm's other formats are read whole.
+        stream = HermesCallStream if name == "json_tools" else None
+        return ToolFormat(name, start, end, parse, stream)
     return find_format(tokenizer)
 
 
@@ -111,7 +115,8 @@ def family_parser(tokenizer: Any, params: GenerationParams, prompt: str) -> Outp
     tools = template_tools(params)
     found = family.tools
     if tools and found is not None:
-        parsers.append(ToolBlockParser(found.start, found.end, tool_reader(found.parse, tools)))
+        read = tool_reader(found.parse, tools)
+        parsers.append(ToolBlockParser(found.start, found.end, read, found.stream))
     if not parsers:
         return None
     return parsers[0] if len(parsers) == 1 else ChainedParser(parsers)
