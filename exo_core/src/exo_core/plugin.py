@@ -45,6 +45,7 @@ from exo_core.blas import (
     shim_for,
     usable_cores,
 )
+from exo_core.catalogue import load_catalogue
 from exo_core.cluster_key import derive as derive_key
 from exo_core.cluster_key import network_key
 from exo_core.commands import (
@@ -363,6 +364,7 @@ __all__ = [
     "join_group",
     "load_card_dir",
     "load_card_file",
+    "load_catalogue",
     "loaded_blas",
     "model_id_problem",
     "model_path",
