@@ -57,7 +57,7 @@ from exo_core.peer_auth import (
     speaks_for_itself,
     vote_refusal,
 )
-from exo_core.placement import runnable
+from exo_core.placement import including, runnable
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.plugin_host import PluginHost, describe
 from exo_core.replica import Ingested, Replica
@@ -251,7 +251,8 @@ class Node:
             request=request,
             state=state,
         )
-        return runnable(options or [], lambda option: self._engine_refusal(card, option))
+        kept = runnable(options or [], lambda option: self._engine_refusal(card, option))
+        return including(kept, request.node_ids)
 
     def _engine_refusal(self, card: ModelCard, option: PlacementOption) -> str | None:
         """Why this node's engines for `card` cannot run `option` (they are the cluster's:

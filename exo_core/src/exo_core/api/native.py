@@ -17,7 +17,7 @@ from loguru import logger
 from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
 from exo_core.commands import DeleteInstance, PlaceInstance
-from exo_core.ids import InstanceId, ModelId
+from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.metrics import CONTENT_TYPE_LATEST
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
@@ -188,11 +188,20 @@ class NativeController(Controller):
         model_id: FromQuery[str],
         sharding: FromQuery[Sharding | None] = None,
         min_nodes: FromQuery[int] = 1,
+        node_ids: FromQuery[list[str] | None] = None,
     ) -> Response[Any]:
+        """Where the model could run; with `node_ids` (repeated), only placements that
+        include every one of those nodes."""
         if node.card(model_id) is None:
             return native_error(404, f"unknown model '{model_id}'")
+        unknown = [n for n in node_ids or [] if n not in node.state.nodes]
+        if unknown:
+            return native_error(404, f"unknown node '{unknown[0]}' in node_ids")
         request = PlacementRequest(
-            model_id=ModelId(model_id), sharding=sharding, min_nodes=min_nodes
+            model_id=ModelId(model_id),
+            sharding=sharding,
+            min_nodes=min_nodes,
+            node_ids=tuple(NodeId(n) for n in node_ids or []),
         )
         try:
             options = node.place_options(request)
