@@ -115,22 +115,3 @@ def exo_instance(instance: Instance, card: ModelCard) -> dict[str, Any]:
             "ephemeralPort": leader[0]["port"] if leader else 0,
         }
     }
-
-
-def shard_model_id(shard_metadata: object) -> str | None:
-    """The model id in exo's shard metadata (tagged or not, camelCase or snake_case keys), or
-    None when the value does not hold one."""
-    if not isinstance(shard_metadata, dict):
-        return None
-    inner: object = shard_metadata
-    if len(shard_metadata) == 1:
-        (key, value), *_ = shard_metadata.items()
-        if isinstance(key, str) and key.endswith("ShardMetadata"):
-            inner = value
-    if not isinstance(inner, dict):
-        return None
-    card = inner.get("modelCard", inner.get("model_card"))
-    if not isinstance(card, dict):
-        return None
-    model_id = card.get("modelId", card.get("model_id"))
-    return model_id if isinstance(model_id, str) and model_id else None
