@@ -22,7 +22,7 @@ CARD_DIR = Path(__file__).resolve().parents[1] / "resources" / "model_cards"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("exo", type=Path, help="a checkout of exo, or its resources/ directory")
     parser.add_argument("--cards", type=Path, default=CARD_DIR, help="the catalogue directory")
     parser.add_argument("--write", action="store_true", help="take exo's card files")
