@@ -307,3 +307,14 @@ def test_bench_stats_have_exos_fields() -> None:
     assert (stats["num_inference_steps"], stats["num_images"]) == (2, 1)
     assert (stats["image_width"], stats["image_height"]) == (64, 32)
     assert stats["peak_memory_usage"] == {"inBytes": 5}
+
+
+def test_native_post_instance_takes_exos_body_too(node: RunningNode) -> None:
+    body = {"model_id": MODEL, "sharding": "Tensor", "instance_meta": "MlxRing", "min_nodes": 1}
+    placed = httpx.post(f"{node.url}/instance", json={**body, "node_ids": [node.node_id]})
+    assert placed.status_code == 201, placed.text
+    instance = node.node.state.instances[placed.json()["instance_id"]]
+    assert instance.sharding == "tensor"
+    assert httpx.delete(f"{node.url}/instance/{instance.instance_id}").status_code == 200
+    jaccl = httpx.post(f"{node.url}/instance", json={**body, "instance_meta": "MlxJaccl"})
+    assert jaccl.status_code == 400 and "MlxRing" in jaccl.json()["detail"]

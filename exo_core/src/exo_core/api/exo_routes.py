@@ -18,11 +18,12 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from exo_core.api.errors import native_error
 from exo_core.api.exo_shapes import (
-    OUR_SHARDING,
     ExoInstanceMeta,
     ExoSharding,
     exo_card,
     exo_instance,
+    instance_meta_problem,
+    our_sharding,
 )
 from exo_core.api.native import NodeDep
 from exo_core.commands import PlaceInstance
@@ -48,17 +49,13 @@ class ExoPlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def _request_problem(
-    node: Node, model_id: str, instance_meta: str, min_nodes: int, node_ids: list[str]
+    node: Node, model_id: str, instance_meta: ExoInstanceMeta, min_nodes: int, node_ids: list[str]
 ) -> Response[Any] | None:
     """The 4xx for a placement exo's clients ask for that cannot be asked here, or None."""
     if node.card(model_id) is None:
         return native_error(404, f"unknown model '{model_id}' (GET /v1/models lists them)")
-    if instance_meta != "MlxRing":
-        return native_error(
-            400,
-            f"instance_meta {instance_meta} (RDMA over Thunderbolt) is not available in this "
-            "cluster: its ranks talk over MLX's ring (instance_meta MlxRing)",
-        )
+    if (meta_problem := instance_meta_problem(instance_meta)) is not None:
+        return native_error(400, meta_problem)
     if min_nodes < 1:
         return native_error(422, "min_nodes must be at least 1")
     unknown = [n for n in node_ids if n not in node.state.nodes]
@@ -85,7 +82,7 @@ class ExoRoutesController(Controller):
         assert card is not None  # checked above
         command = PlaceInstance(
             model_id=ModelId(data.model_id),
-            sharding=OUR_SHARDING[data.sharding],
+            sharding=our_sharding(data.sharding),
             min_nodes=data.min_nodes,
             node_ids=tuple(NodeId(n) for n in node_ids),
             card=card,
@@ -119,7 +116,7 @@ class ExoRoutesController(Controller):
         card = node.card(model_id)
         assert card is not None
         request = PlacementRequest(
-            model_id=ModelId(model_id), sharding=OUR_SHARDING[sharding], min_nodes=min_nodes
+            model_id=ModelId(model_id), sharding=our_sharding(sharding), min_nodes=min_nodes
         )
         try:
             options = node.place_options(request)

@@ -19,12 +19,26 @@ ExoSharding = Literal["Pipeline", "Tensor"]
 ExoInstanceMeta = Literal["MlxRing", "MlxJaccl"]
 
 EXO_SHARDING: dict[Sharding, ExoSharding] = {"pipeline": "Pipeline", "tensor": "Tensor"}
-OUR_SHARDING: dict[ExoSharding, Sharding] = {v: k for k, v in EXO_SHARDING.items()}
 _EXO_TASKS = {
     "text_generation": "TextGeneration",
     "image_generation": "TextToImage",
     "image_edit": "ImageToImage",
 }
+
+
+def our_sharding(sharding: Sharding | ExoSharding) -> Sharding:
+    """exo's spelling ("Pipeline") or ours ("pipeline"), as ours."""
+    return "tensor" if sharding in ("tensor", "Tensor") else "pipeline"
+
+
+def instance_meta_problem(instance_meta: ExoInstanceMeta) -> str | None:
+    """Why exo's `instance_meta` cannot be had here, or None (the ring is the only one)."""
+    if instance_meta == "MlxRing":
+        return None
+    return (
+        f"instance_meta {instance_meta} (RDMA over Thunderbolt) is not available in this "
+        "cluster: its ranks talk over MLX's ring (instance_meta MlxRing)"
+    )
 
 
 def memory(in_bytes: int) -> dict[str, int]:

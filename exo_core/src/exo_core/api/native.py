@@ -16,6 +16,12 @@ from loguru import logger
 
 from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
+from exo_core.api.exo_shapes import (
+    ExoInstanceMeta,
+    ExoSharding,
+    instance_meta_problem,
+    our_sharding,
+)
 from exo_core.commands import DeleteInstance, PlaceInstance
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.metrics import CONTENT_TYPE_LATEST
@@ -28,8 +34,12 @@ NodeDep = NamedDependency[Node]
 
 class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     model_id: str
-    sharding: Sharding = "pipeline"
+    # exo's spellings ("Pipeline", "Tensor") too, and its other fields: exo's body works here.
+    sharding: Sharding | ExoSharding = "pipeline"
     min_nodes: int = 1
+    instance_meta: ExoInstanceMeta = "MlxRing"
+    # Nodes the placement must include.
+    node_ids: list[str] | None = None
 
 
 class CancelBody(msgspec.Struct):
@@ -165,10 +175,16 @@ class NativeController(Controller):
     ) -> Response[Any]:
         if data.min_nodes < 1:
             raise ValidationException("min_nodes must be at least 1")
+        if (meta_problem := instance_meta_problem(data.instance_meta)) is not None:
+            return native_error(400, meta_problem)
+        unknown = [n for n in data.node_ids or [] if n not in node.state.nodes]
+        if unknown:
+            return native_error(404, f"unknown node '{unknown[0]}' in node_ids")
         command = PlaceInstance(
             model_id=ModelId(data.model_id),
-            sharding=data.sharding,
+            sharding=our_sharding(data.sharding),
             min_nodes=data.min_nodes,
+            node_ids=tuple(NodeId(n) for n in data.node_ids or []),
             card=node.card(data.model_id),
         )
         await node.wait_reported()  # a node that just started: its engines first
