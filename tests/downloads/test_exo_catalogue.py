@@ -166,3 +166,18 @@ def _placed(card: ModelCard, free_gb: tuple[int, ...], min_nodes: int) -> list: 
     )
     options = place(card, request, nodes_with_free_memory(free_gb))
     return runnable(options, lambda o: engine.placement_refusal(card, o))
+
+
+def test_every_exo_card_names_parsers_that_exist(cards: dict[str, ModelCard]) -> None:
+    """The same rule as this project's own cards (test_model_cards)."""
+    from .test_model_cards import REASONING_PARSERS, _tool_parsers
+
+    tool_parsers = _tool_parsers()
+    for model_id in EXO_IDS:
+        card = cards[model_id]
+        assert card.reasoning_parser in REASONING_PARSERS, model_id
+        assert card.tool_parser in tool_parsers, model_id
+        if card.reasoning_parser is not None:
+            assert card.has(Capability.THINKING) or not card.has(Capability.THINKING_TOGGLE)
+        if card.tool_parser is not None:
+            assert card.has(Capability.TOOLS), model_id
