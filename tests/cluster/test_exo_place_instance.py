@@ -40,6 +40,7 @@ def test_exos_place_instance_body_places_smollm2(tmp_path: Path) -> None:
             model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=4
         )
         assert reply.choices[0].message.content is not None
+        assert httpx.head(f"{node.url}/ollama/", timeout=10).status_code == 200  # exo's probe
         # Listed (exo's catalogue) but not runnable here: refused before any download.
         refused = httpx.get(
             f"{node.url}/instance/placement",
