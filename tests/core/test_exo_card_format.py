@@ -76,7 +76,28 @@ def test_an_exo_text_card_reads_as_ours(tmp_path: Path) -> None:
     assert (card.n_layers, card.hidden_size, card.num_key_value_heads) == (48, 2048, 4)
     assert card.supports_tensor and card.quantization == "4bit" and card.family == "qwen"
     assert card.tasks == (ModelTask.TEXT_GENERATION,)
-    assert card.capabilities == (Capability.TEXT, Capability.THINKING, Capability.THINKING_TOGGLE)
+    assert card.capabilities == (
+        Capability.TEXT,
+        Capability.THINKING,
+        Capability.THINKING_TOGGLE,
+        Capability.CODE,
+    )
+    assert card.reasoning_dialect == "suffix" and card.context_length == 32768
+    assert card.vision is None and not card.uses_cfg
+
+
+def test_an_exo_vision_table_and_cfg_flag_are_kept(tmp_path: Path) -> None:
+    vision = '\n[vision]\nimage_token_id = 7\nmodel_type = "kimi_vl"\n'
+    card = load_card_file(
+        write(tmp_path, TEXT_CARD.replace("\n[storage_size]", vision + "\n[storage_size]"))
+    )
+    assert card.vision is not None
+    assert (card.vision.image_token_id, card.vision.model_type) == (7, "kimi_vl")
+    assert card.vision.weights_repo == card.model_id  # exo's default: the model's own repo
+    cfg = load_card_file(
+        write(tmp_path, IMAGE_EDIT_CARD.replace("hidden_size", "uses_cfg = true\nhidden_size"))
+    )
+    assert cfg.uses_cfg and cfg.has(Capability.IMAGE_GEN)
 
 
 def test_an_exo_image_edit_card_is_an_image_model_that_edits(tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ def test_every_text_card_names_parsers_that_exist(path: Path) -> None:
 
 def test_the_plugin_contributes_every_card() -> None:
     ids = {c.model_id for c in plugin.exo_model_cards()}
-    assert ids == {load_card_file(p).model_id for p in CARDS}
+    assert {load_card_file(p).model_id for p in CARDS} <= ids  # and exo's (test_exo_catalogue)
     assert "mlx-community/Qwen3-0.6B-4bit" in ids
 
 

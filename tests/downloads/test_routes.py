@@ -218,3 +218,80 @@ def test_a_custom_card_records_the_parsers_its_tokenizer_shows(
     # The tiny repo's template names no tools and no thinking: a text-only card.
     plain = httpx.post(f"{node.url}/models/add", json={"model_id": TINY}).json()
     assert plain["capabilities"] == ["text"] and plain["tool_parser"] is None
+
+
+# -- exo's download routes: POST /download/start, POST /download/cancel -----------------------
+
+# exo's answers (api/types/api.py: StartDownloadResponse, CancelDownloadResponse are frozen
+# models, written with camelCase keys): the field names and types a client reads.
+EXO_DOWNLOAD_RESPONSE = {"commandId": str}
+
+
+def exo_shard(model_id: str) -> dict[str, object]:
+    """exo's shard metadata as its dashboard sends it: a tagged, camelCase model."""
+    card = {"modelId": model_id, "storageSize": {"inBytes": WEIGHTS}, "nLayers": 4}
+    fields = {"modelCard": card, "deviceRank": 0, "worldSize": 1, "startLayer": 0}
+    return {"PipelineShardMetadata": {**fields, "endLayer": 4, "nLayers": 4}}
+
+
+def progress_of(node: RunningNode) -> object:
+    return node.node.state.downloads.get(NodeId(node.node_id), {}).get(ModelId(TINY))
+
+
+def test_exo_download_start_and_cancel(node: RunningNode, hub: HubStandIn) -> None:
+    node.call(node.node.run_command, AddModelCard(card=card()))
+    hub.throttle_bytes_per_s = 300_000  # ~5 s for the weights: time to cancel midway
+    body = {"targetNodeId": node.node_id, "shardMetadata": exo_shard(TINY)}
+    started = httpx.post(f"{node.url}/download/start", json=body)
+    assert started.status_code == 200, started.text
+    answer = started.json()
+    assert {k: type(v) for k, v in answer.items()} == EXO_DOWNLOAD_RESPONSE
+    wait(lambda: getattr(progress_of(node), "downloaded_bytes", 0) > 0)
+    cancel = {"target_node_id": node.node_id, "model_id": TINY}  # snake_case works too
+    cancelled = httpx.post(f"{node.url}/download/cancel", json=cancel)
+    assert cancelled.status_code == 200, cancelled.text
+    assert {k: type(v) for k, v in cancelled.json().items()} == EXO_DOWNLOAD_RESPONSE
+
+    def failed() -> bool:
+        p = progress_of(node)
+        return p is not None and getattr(p, "status", None) == DownloadStatus.FAILED
+
+    wait(failed)
+    assert "cancelled by request" in str(getattr(progress_of(node), "error", ""))
+    again = httpx.post(f"{node.url}/download/cancel", json=cancel)
+    assert again.status_code == 404 and "no download" in again.json()["detail"]
+    # Started again, it resumes and completes.
+    hub.throttle_bytes_per_s = None
+    assert httpx.post(f"{node.url}/download/start", json=body).status_code == 200
+
+    def completed() -> bool:
+        return getattr(progress_of(node), "status", None) == DownloadStatus.COMPLETED
+
+    wait(completed)
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "words"),
+    [
+        ("start", [1], 422, "JSON object"),
+        ("start", {"target_node_id": "me", "shard_metadata": {}, "x": 1}, 422, "unknown field"),
+        ("start", {"target_node_id": "me"}, 422, "shard_metadata is required"),
+        ("start", {"target_node_id": "me", "shard_metadata": {"a": 1}}, 422, "model_card"),
+        ("start", {"target_node_id": 7, "shard_metadata": {}}, 422, "target_node_id"),
+        ("start", {"target_node_id": "node-other", "shard_metadata": {}}, 409, "own API"),
+        ("cancel", {"target_node_id": "me", "model_id": "org/nope"}, 404, "unknown model"),
+        ("cancel", {"targetNodeId": "me"}, 422, "model_id is required"),
+    ],
+)
+def test_exo_download_routes_refuse_bad_bodies(
+    node: RunningNode, route: str, body: object, status: int, words: str
+) -> None:
+    if isinstance(body, dict):
+        for key in ("target_node_id", "targetNodeId"):
+            if body.get(key) == "me":
+                body[key] = node.node_id
+    answer = httpx.post(f"{node.url}/download/{route}", json=body)
+    assert answer.status_code == status, answer.text
+    assert words in answer.json()["detail"]
+    unknown = {"targetNodeId": node.node_id, "shardMetadata": exo_shard("org/nope")}
+    assert httpx.post(f"{node.url}/download/start", json=unknown).status_code == 404

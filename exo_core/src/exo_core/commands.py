@@ -23,6 +23,8 @@ class PlaceInstance(_Command, frozen=True, kw_only=True):
     sharding: Sharding = "pipeline"
     min_nodes: int = 1
     instance_id: InstanceId | None = None
+    # Nodes the placement must include (exo's `node_ids`); empty: any nodes.
+    node_ids: tuple[NodeId, ...] = ()
     # The sender's card, for a master that does not know the model (a card from a plugin
     # only some nodes have); the master's own card wins.
     card: ModelCard | None = None

@@ -208,7 +208,10 @@ def decide(state: State, command: Command, ctx: MasterContext) -> Decision:
             if command.instance_id in state.instances:
                 raise CommandRefused(409, f"instance '{command.instance_id}' already exists")
             request = PlacementRequest(
-                model_id=command.model_id, sharding=command.sharding, min_nodes=command.min_nodes
+                model_id=command.model_id,
+                sharding=command.sharding,
+                min_nodes=command.min_nodes,
+                node_ids=command.node_ids,
             )
             excluded = (*command.exclude_nodes, *ctx.exclude_nodes)
             allowed = placement_view(state, command.nodes, excluded)

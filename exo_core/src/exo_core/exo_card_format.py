@@ -3,9 +3,10 @@
 exo's cards (`resources/inference_model_cards/*.toml` there) keep the size in a
 `[storage_size] in_bytes` table, name tasks in CamelCase (`TextGeneration`, `TextToImage`,
 `ImageToImage`), and carry fields this project keeps elsewhere or not at all (backends,
-sampling defaults, a reasoning dialect). `from_exo_card` maps the fields (image components
-included)
-with a meaning here and leaves the rest out, so a card reads the same model either way.
+sampling defaults). `from_exo_card` maps the fields with a meaning here (image components,
+the reasoning dialect, the CFG flag and the `[vision]` table included) and leaves the rest
+out (`backends`: every engine here says itself what it runs), so a card reads the same model
+either way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,16 @@ _TASKS = {
     "TextToImage": "image_generation",
     "ImageToImage": "image_edit",
 }
-_CAPABILITIES = {"text", "thinking", "thinking_toggle", "tools", "vision", "image_edit"}
+_CAPABILITIES = {
+    "text",
+    "thinking",
+    "thinking_toggle",
+    "tools",
+    "vision",
+    "image_edit",
+    "code",
+    "image_gen",
+}
 _KEPT = ("model_id", "family", "n_layers", "hidden_size", "num_key_value_heads", "base_model")
 
 
@@ -33,6 +43,7 @@ def from_exo_card(data: dict[str, Any]) -> dict[str, Any]:
     card["quantization"] = data.get("quantization") or "none"
     card["supports_tensor"] = bool(data.get("supports_tensor", False))
     card["source"] = f"hf:{data.get('model_id', '')}"
+    card.update(_model_facts(data))
     tasks = [str(t) for t in data.get("tasks", ["TextGeneration"])]
     unknown = [t for t in tasks if t not in _TASKS]
     if unknown:
@@ -46,6 +57,22 @@ def from_exo_card(data: dict[str, Any]) -> dict[str, Any]:
     if components:
         card["components"] = components
     return card
+
+
+def _model_facts(data: dict[str, Any]) -> dict[str, Any]:
+    """exo's context length (0 there: unknown), reasoning dialect, CFG flag and `[vision]`
+    table, where the card gives them."""
+    facts: dict[str, Any] = {}
+    if data.get("context_length"):
+        facts["context_length"] = data["context_length"]
+    for key in ("reasoning_dialect", "uses_cfg"):
+        if key in data:
+            facts[key] = data[key]
+    vision = data.get("vision")
+    if isinstance(vision, dict):
+        # exo fills an empty weights repo with the model's own; so does this project.
+        facts["vision"] = {**vision, "weights_repo": vision.get("weights_repo") or data["model_id"]}
+    return facts
 
 
 def _component(data: dict[str, Any]) -> dict[str, Any]:

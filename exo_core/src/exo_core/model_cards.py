@@ -10,7 +10,7 @@ import tomllib
 from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -25,6 +25,16 @@ class Capability(StrEnum):
     TOOLS = "tools"
     VISION = "vision"
     IMAGE_EDIT = "image_edit"
+    # exo's two other capability names: a coding model, and an image generator.
+    CODE = "code"
+    IMAGE_GEN = "image_gen"
+
+
+# How a model's chat template treats earlier turns' thinking (exo's `reasoning_dialect`):
+# "post_last_user" keeps only the thinking after the last user message, "tool_conditional"
+# keeps it while tool calls continue a turn, "suffix" / "channel" put it after the answer or
+# in a channel of its own (Harmony); "none" for a model that does not think.
+ReasoningDialect = Literal["none", "post_last_user", "tool_conditional", "suffix", "channel"]
 
 
 class ModelTask(StrEnum):
@@ -73,6 +83,18 @@ class ModelComponent(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     n_blocks: int = 0
 
 
+class VisionConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where a text model's vision tower comes from (exo's `[vision]` table)."""
+
+    image_token_id: int
+    # The vision tower's architecture (e.g. "kimi_vl"), not the text model's.
+    model_type: str
+    # The repo holding the vision weights ("" : the model's own repo).
+    weights_repo: str = ""
+    image_token: str | None = None
+    processor_repo: str | None = None
+
+
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything placement, workers and API dialects need to know about one model."""
 
@@ -101,6 +123,11 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # Parser names for output (thinking blocks, tool calls); see the output parser hook.
     reasoning_parser: str | None = None
     tool_parser: str | None = None
+    reasoning_dialect: ReasoningDialect = "none"
+    # An image model that runs a negative prompt beside the prompt (classifier-free guidance):
+    # each step costs two passes.
+    uses_cfg: bool = False
+    vision: VisionConfig | None = None
     trust_remote_code: bool = False
     custom: bool = False
     # The parts of a multi-part model, with their sizes; empty for a single-part model.

@@ -57,7 +57,7 @@ from exo_core.peer_auth import (
     speaks_for_itself,
     vote_refusal,
 )
-from exo_core.placement import runnable
+from exo_core.placement import including, runnable
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.plugin_host import PluginHost, describe
 from exo_core.replica import Ingested, Replica
@@ -253,6 +253,8 @@ class Node:
     def _place(
         self, card: ModelCard, request: PlacementRequest, state: State
     ) -> list[PlacementOption]:
+        if (unrunnable := self._unrunnable(card)) is not None:
+            raise PlacementRefused(unrunnable)
         # Called while the node runs: a plugin that raises is logged and the next one (at
         # last the core's default) places; a refusal is an answer and propagates.
         options = self.plugins.first(
@@ -263,7 +265,16 @@ class Node:
             request=request,
             state=state,
         )
-        return runnable(options or [], lambda option: self._engine_refusal(card, option))
+        kept = runnable(options or [], lambda option: self._engine_refusal(card, option))
+        return including(kept, request.node_ids)
+
+    def _unrunnable(self, card: ModelCard) -> str | None:
+        """Why the engines that serve `card` cannot run it at all, even whole on one node (a
+        listed model of an architecture none of them loads), or None. Said first: how much
+        memory it would need does not matter then."""
+        engines = [e for e in self.engines if e.can_serve(card)]
+        reasons = [e.sharding_refusal(card, "pipeline", 1) for e in engines]
+        return reasons[0] if engines and all(reasons) else None
 
     def _engine_refusal(self, card: ModelCard, option: PlacementOption) -> str | None:
         """Why this node's engines for `card` cannot run `option` (they are the cluster's:

@@ -247,6 +247,20 @@ def runnable(
     return kept
 
 
+def including(options: list[PlacementOption], node_ids: Iterable[str]) -> list[PlacementOption]:
+    """The options that run on every node of `node_ids` (all of them when it is empty), in
+    their order. Raises `PlacementRefused` when options were found but none includes them."""
+    wanted = set(node_ids)
+    if not wanted:
+        return options
+    kept = [o for o in options if wanted <= {s.node_id for s in o.shares}]
+    if options and not kept:
+        raise PlacementRefused(
+            f"no placement that fits includes every node asked for ({', '.join(sorted(wanted))})"
+        )
+    return kept
+
+
 PlaceFn = Callable[[ModelCard, PlacementRequest, State], list[PlacementOption]]
 
 

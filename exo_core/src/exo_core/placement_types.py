@@ -13,6 +13,8 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
     # None: any sharding; otherwise only that one.
     sharding: Sharding | None = None
     min_nodes: int = 1
+    # Nodes every offered placement must include (exo's `node_ids`); empty: any nodes.
+    node_ids: tuple[NodeId, ...] = ()
 
 
 class NodeShare(msgspec.Struct, frozen=True, kw_only=True):

@@ -45,6 +45,7 @@ from exo_core.blas import (
     shim_for,
     usable_cores,
 )
+from exo_core.catalogue import load_catalogue
 from exo_core.cluster_key import derive as derive_key
 from exo_core.cluster_key import network_key
 from exo_core.commands import (
@@ -392,6 +393,7 @@ __all__ = [
     "keeps_strings",
     "load_card_dir",
     "load_card_file",
+    "load_catalogue",
     "loaded_blas",
     "member_schema",
     "model_id_problem",

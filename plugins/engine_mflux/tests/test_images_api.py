@@ -232,6 +232,7 @@ def test_cancel_by_the_request_id_stops_the_generation(
         ({"size": SIZE}, "prompt"),
         ({"prompt": "x", "n": 0}, "n must be"),
         ({"prompt": "x", "advanced_params": {"sampler": "euler"}}, "sampler"),
+        ({"prompt": "x", "advanced_params": {"num_sync_steps": 0}}, "num_sync_steps"),
         ({"prompt": "x", "response_format": "gif"}, "response_format"),
         ({"prompt": "x", "model": "SmolLM2-135M-Instruct"}, "generates text"),
         ({"prompt": "x", "model": "no-such-model"}, "no-such-model"),
@@ -295,3 +296,42 @@ def test_text_and_image_models_are_told_apart(image_node: ImageNode) -> None:
         "clip_encoder": False,
         "t5_encoder": False,
     }
+
+
+# exo's ImageGenerationStats (src/exo/api/types/api.py): field -> type.
+EXO_IMAGE_STATS = {
+    "seconds_per_step": float,
+    "total_generation_time": float,
+    "num_inference_steps": int,
+    "num_images": int,
+    "image_width": int,
+    "image_height": int,
+    "peak_memory_usage": dict,
+}
+
+
+def test_exos_image_bench_routes_answer_images_and_generation_stats(
+    image_node: ImageNode,
+) -> None:
+    params = {**FAST, "num_inference_steps": 2, "num_sync_steps": 1}  # exo's field: accepted
+    body = {"model": MODEL_ID, "prompt": "a lighthouse", "size": SIZE, "advanced_params": params}
+    made = httpx.post(f"{image_node.url}/bench/images/generations", json=body, timeout=120)
+    assert made.status_code == 200, made.text
+    answer = made.json()
+    assert _image(answer["data"][0]["b64_json"]).size == (64, 64)
+    stats = answer["generation_stats"]
+    assert {k: type(v) for k, v in stats.items()} == EXO_IMAGE_STATS
+    assert (stats["num_inference_steps"], stats["num_images"]) == (2, 1)
+    assert (stats["image_width"], stats["image_height"]) == (64, 64)
+    assert 0 < stats["seconds_per_step"] <= stats["total_generation_time"]
+    assert answer["power_usage"] is None and made.headers["x-request-id"].startswith("img-")
+    form = {"model": MODEL_ID, "prompt": "make it blue", "size": SIZE}
+    form["advanced_params"] = json.dumps({"seed": 3, "num_inference_steps": 2})
+    files = {"image": ("in.png", png_bytes(), "image/png")}
+    edited = httpx.post(f"{image_node.url}/bench/images/edits", data=form, files=files, timeout=120)
+    assert edited.status_code == 200, edited.text
+    assert edited.json()["generation_stats"]["num_images"] == 1
+    streamed = httpx.post(
+        f"{image_node.url}/bench/images/generations", json={**body, "stream": True}, timeout=10
+    )
+    assert streamed.status_code == 400 and "stream" in streamed.json()["error"]["message"]

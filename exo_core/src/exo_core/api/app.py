@@ -10,10 +10,14 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from exo_core.api.errors import on_http_error, on_validation_error
+from exo_core.api.exo_routes import ExoRoutesController
 from exo_core.api.native import NativeController
 from exo_core.api.security import HttpPolicy, cors_config, guards, host_guard_middleware
 from exo_core.metrics import metrics_middleware
 from exo_core.node import Node
+
+# The native API's controllers: this project's routes, and exo's own instance routes.
+CORE_CONTROLLERS = [NativeController, ExoRoutesController]
 
 
 def http_policy(node: Node) -> HttpPolicy:
@@ -31,10 +35,10 @@ def create_app(node: Node) -> Litestar:
         (name, list(handlers)) for name, handlers in node.plugins.collect("exo_routes", ctx=node)
     ]
     try:
-        return _app(node, [NativeController, *(h for _, hs in contributed for h in hs)])
+        return _app(node, [*CORE_CONTROLLERS, *(h for _, hs in contributed for h in hs)])
     except Exception:
         pass
-    return _app(node, [NativeController, *_accepted_routes(node, contributed)])
+    return _app(node, [*CORE_CONTROLLERS, *_accepted_routes(node, contributed)])
 
 
 def _accepted_routes(node: Node, contributed: list[tuple[str, list[Any]]]) -> list[Any]:
@@ -43,7 +47,7 @@ def _accepted_routes(node: Node, contributed: list[tuple[str, list[Any]]]) -> li
     accepted: list[Any] = []
     for name, mine in contributed:
         # A trial app with what is accepted so far (Litestar copies handlers on registration).
-        trial = [NativeController, *accepted, *mine]
+        trial = [*CORE_CONTROLLERS, *accepted, *mine]
         ok, _ = node.plugins.attempt(
             name, "exo_routes", _app, leave_out=True, node=node, handlers=trial
         )

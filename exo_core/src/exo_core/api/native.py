@@ -16,6 +16,12 @@ from loguru import logger
 
 from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
+from exo_core.api.exo_shapes import (
+    ExoInstanceMeta,
+    ExoSharding,
+    instance_meta_problem,
+    our_sharding,
+)
 from exo_core.commands import DeleteInstance, PlaceInstance
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.metrics import CONTENT_TYPE_LATEST
@@ -28,12 +34,16 @@ NodeDep = NamedDependency[Node]
 
 class PlaceInstanceBody(msgspec.Struct, forbid_unknown_fields=True):
     model_id: str
-    sharding: Sharding = "pipeline"
+    # exo's spellings ("Pipeline", "Tensor") too, and its other fields: exo's body works here.
+    sharding: Sharding | ExoSharding = "pipeline"
     min_nodes: int = 1
     # Pin the instance to these nodes (all when empty); never place it on the excluded ones
     # (this node's --exclude-node list is added).
     nodes: list[str] = msgspec.field(default_factory=list)
     exclude_nodes: list[str] = msgspec.field(default_factory=list)
+    instance_meta: ExoInstanceMeta = "MlxRing"
+    # exo's field: nodes the placement must include.
+    node_ids: list[str] | None = None
 
 
 class CancelBody(msgspec.Struct):
@@ -169,10 +179,16 @@ class NativeController(Controller):
     ) -> Response[Any]:
         if data.min_nodes < 1:
             raise ValidationException("min_nodes must be at least 1")
+        if (meta_problem := instance_meta_problem(data.instance_meta)) is not None:
+            return native_error(400, meta_problem)
+        unknown = [n for n in data.node_ids or [] if n not in node.state.nodes]
+        if unknown:
+            return native_error(404, f"unknown node '{unknown[0]}' in node_ids")
         command = PlaceInstance(
             model_id=ModelId(data.model_id),
-            sharding=data.sharding,
+            sharding=our_sharding(data.sharding),
             min_nodes=data.min_nodes,
+            node_ids=tuple(NodeId(n) for n in data.node_ids or []),
             card=node.card(data.model_id),
             nodes=tuple(NodeId(n) for n in data.nodes),
             exclude_nodes=tuple(
@@ -196,11 +212,20 @@ class NativeController(Controller):
         model_id: FromQuery[str],
         sharding: FromQuery[Sharding | None] = None,
         min_nodes: FromQuery[int] = 1,
+        node_ids: FromQuery[list[str] | None] = None,
     ) -> Response[Any]:
+        """Where the model could run; with `node_ids` (repeated), only placements that
+        include every one of those nodes."""
         if node.card(model_id) is None:
             return native_error(404, f"unknown model '{model_id}'")
+        unknown = [n for n in node_ids or [] if n not in node.state.nodes]
+        if unknown:
+            return native_error(404, f"unknown node '{unknown[0]}' in node_ids")
         request = PlacementRequest(
-            model_id=ModelId(model_id), sharding=sharding, min_nodes=min_nodes
+            model_id=ModelId(model_id),
+            sharding=sharding,
+            min_nodes=min_nodes,
+            node_ids=tuple(NodeId(n) for n in node_ids or []),
         )
         try:
             options = node.place_options(request)

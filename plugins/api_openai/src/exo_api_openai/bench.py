@@ -14,7 +14,7 @@ from typing import Any, Literal
 import msgspec
 from litestar import Response, Router, post
 
-from exo_api_openai import chat, common
+from exo_api_openai import bench_images, chat, common
 from exo_api_openai.errors import api_error
 from exo_api_openai.types import ChatCompletionRequest
 from exo_core.plugin import (
@@ -83,4 +83,5 @@ async def bench_chat_completions(
 
 
 def router() -> Router:
-    return dialect_router("/bench", [bench_chat_completions], error_body=api_error, tags=["openai"])
+    handlers = [bench_chat_completions, *bench_images.HANDLERS]
+    return dialect_router("/bench", handlers, error_body=api_error, tags=["openai"])

@@ -3,7 +3,7 @@ stored images behind `response_format=url` (`GET /images`, `GET /images/{id}`).
 
 Translation only: requests become the core's `ImageRequest`, chunks become OpenAI's image
 objects or its `image_generation.*` / `image_edit.*` stream events. exo's own options ride in
-`advanced_params` (seed, num_inference_steps, guidance, negative_prompt).
+`advanced_params` (seed, num_inference_steps, guidance, negative_prompt, num_sync_steps).
 """
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ class AdvancedParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     num_inference_steps: int | None = None
     guidance: float | None = None
     negative_prompt: str | None = None
+    # exo's count of steps run in lockstep before its patch-parallel split takes over. The
+    # image engine here splits by layers and syncs every step: checked, with no effect.
+    num_sync_steps: int | None = None
+
+
+# exo's bounds on `num_sync_steps`.
+SYNC_STEPS_RANGE = (1, 100)
 
 
 class ImagesRequest(msgspec.Struct, kw_only=True):
@@ -93,6 +100,9 @@ def to_image_request(req: ImagesRequest, input_image: bytes | None = None) -> Im
     except InvalidImageRequest as e:
         raise InvalidRequest(str(e)) from None
     advanced = req.advanced_params or AdvancedParams()
+    low, high = SYNC_STEPS_RANGE
+    if advanced.num_sync_steps is not None and not low <= advanced.num_sync_steps <= high:
+        raise InvalidRequest(f"advanced_params.num_sync_steps must be between {low} and {high}")
     if req.output_compression is not None and not 0 <= req.output_compression <= 100:
         raise InvalidRequest("output_compression must be between 0 and 100")
     return ImageRequest(

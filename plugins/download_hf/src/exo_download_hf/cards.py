@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exo_core.plugin import Capability, ModelCard, ModelId, card_config_problem, load_card_dir
+from exo_core.plugin import Capability, ModelCard, ModelId, card_config_problem, load_catalogue
 from exo_download_hf.chat_format import ChatFormat
 from exo_download_hf.hub import RemoteFile
 
@@ -78,7 +78,7 @@ def card_dir(package: Path | None = None) -> Path | None:
 
 def builtin_cards() -> list[ModelCard]:
     found = card_dir()
-    return load_card_dir(found) if found is not None else []
+    return load_catalogue(found) if found is not None else []
 
 
 # -- custom cards from config.json ------------------------------------------------------------

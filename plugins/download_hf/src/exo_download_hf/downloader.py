@@ -177,11 +177,11 @@ class HfDownloader(Downloader):
         if isinstance(failure, DownloadFailed):
             return DownloadFailed(str(failure))
         if isinstance(failure, Cancelled):
-            return DownloadFailed(
-                f"{card.model_id}: the download was stopped because the model is being deleted"
-            )
+            why = str(failure) or "the model is being deleted"
+            return DownloadFailed(f"{card.model_id}: the download was stopped because {why}")
         logger.opt(exception=failure).error(f"{card.model_id}: download failed")
-        return DownloadFailed(f"{card.model_id}: download failed: {public_message(failure)}")
+        detail = public_message(failure) if failure is not None else "it ended without files"
+        return DownloadFailed(f"{card.model_id}: download failed: {detail}")
 
     async def _report_loop(self, card: ModelCard, tally: Tally, report: ProgressReporter) -> None:
         meter = SpeedMeter()
@@ -378,6 +378,17 @@ class HfDownloader(Downloader):
                     ) from e
                 raise
         return written - body.offset
+
+    def cancel(self, card: ModelCard) -> bool:
+        """Stop the model's download in progress; the files fetched so far stay, so a later
+        download resumes. True when one was running."""
+        ref = hub_ref(card)
+        active = self._active.get(ref.repo_id) if ref is not None else None
+        if active is None:
+            return False
+        active.stop_reason = "it was cancelled by request"
+        active.cancelled.set()
+        return True
 
     # -- deleting -------------------------------------------------------------------------------
 

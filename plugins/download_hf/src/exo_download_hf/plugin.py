@@ -29,6 +29,7 @@ from exo_core.plugin import (
     instances_using,
     is_safe_model_id,
 )
+from exo_download_hf import exo_download_routes
 from exo_download_hf.cards import HubRef, builtin_cards, ref_for
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
@@ -56,7 +57,7 @@ def exo_model_cards() -> list[ModelCard]:
 
 @hookimpl
 def exo_routes() -> list[Any]:
-    return [router()]
+    return [router(), exo_download_routes.router()]
 
 
 @hookimpl

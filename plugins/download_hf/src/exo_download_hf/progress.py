@@ -29,6 +29,8 @@ class Tally:
         # bytes resumed from disk never count as fetched fast.
         self.fetched = 0
         self.cancelled = threading.Event()
+        # Why it stops when `cancelled` is set (a deletion, or a cancel by request).
+        self.stop_reason = "the model is being deleted"
 
     @property
     def done(self) -> int:
@@ -36,7 +38,7 @@ class Tally:
 
     def check(self) -> None:
         if self.cancelled.is_set():
-            raise Cancelled()
+            raise Cancelled(self.stop_reason)
 
 
 class SpeedMeter:

@@ -16,11 +16,10 @@ from exo_core.plugin import (
     ring_token,
     runner_env,
 )
+from exo_engine_mflux.families import FAMILIES, pipeline_family
 from exo_engine_mflux.runner import ImageRunner
 
 LOCAL_SCHEME = "local:"
-# Families the runner knows (see `pipeline.FAMILIES`; kept here so the node never imports mflux).
-FAMILIES = frozenset({"flux1-schnell", "flux1-dev", "flux1-krea-dev", "flux1-kontext-dev"})
 
 
 def image_runner_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -52,7 +51,7 @@ class MfluxEngine(Engine):
         self.ring_secret = ring_secret
 
     def can_serve(self, card: ModelCard) -> bool:
-        return card.makes_images and card.family in FAMILIES
+        return card.makes_images and pipeline_family(card) in FAMILIES
 
     def sharding_refusal(self, card: ModelCard, sharding: Sharding, ranks: int) -> str | None:
         if sharding == "tensor":

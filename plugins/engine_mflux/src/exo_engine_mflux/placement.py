@@ -19,7 +19,8 @@ from exo_core.plugin import (
     human_bytes,
     split_layers,
 )
-from exo_engine_mflux.engine import FAMILIES, split_refusal
+from exo_engine_mflux.engine import split_refusal
+from exo_engine_mflux.families import FAMILIES, pipeline_family
 
 ENGINE = "mflux"
 
@@ -93,9 +94,9 @@ def place_image_model(
     """Where `card` runs, or `PlacementRefused`: every node that holds it alone (most free
     memory first) unless `min_nodes` > 1; otherwise, or when no node holds it alone, its
     transformer split over the fewest nodes (with the most free memory) that hold it."""
-    if card.family not in FAMILIES:
+    if pipeline_family(card) not in FAMILIES:
         raise PlacementRefused(
-            f"the image engine does not run the model family '{card.family}' of "
+            f"the image engine does not run the model family '{pipeline_family(card)}' of "
             f"{card.model_id} yet (it runs {', '.join(sorted(FAMILIES))})"
         )
     if request.sharding == "tensor":

@@ -41,6 +41,7 @@ from exo_core.plugin import (
     run_runner_child,
     start_rank_reader,
 )
+from exo_engine_mflux.families import pipeline_family
 from exo_engine_mflux.protocol import Launch, decode_launch
 
 # How long the ranks of a group wait for each other to load the model.
@@ -189,7 +190,7 @@ def _load(launch: Launch, out: RunnerOutbox, watchdog: Watchdog) -> tuple[object
         out.status(RunnerStatus.CONNECTING)
         group = join_group(spec, launch.connect_timeout_s, watchdog.guard)
     out.status(RunnerStatus.LOADING)
-    loaded = pipeline.load(spec.card.family, Path(spec.model_path))
+    loaded = pipeline.load(pipeline_family(spec.card), Path(spec.model_path))
     if group is not None:
         from exo_engine_mflux.split import split_transformer
 

@@ -35,10 +35,10 @@ class FamilySupport:
 
     def refusal(self, sharding: str, ranks: int = 2) -> str | None:
         """Why a placement with `sharding` over `ranks` nodes cannot run, or None."""
+        if not self.runs:  # on one node too: a card may name a family mlx-lm lacks
+            return f"{self.model_type}: {self.why_not}"
         if ranks <= 1:
             return None  # one node runs every architecture mlx-lm runs
-        if not self.runs:
-            return f"{self.model_type}: {self.why_not}"
         if sharding == "pipeline" and self.pipeline is None:
             why = f" ({self.why_no_pipeline})" if self.why_no_pipeline else ""
             return f"{self.model_type}: pipeline parallel is not supported here{why}"
@@ -84,12 +84,19 @@ def module_name(model_type: str) -> str:
 
 @cache
 def family_support(model_type: str) -> FamilySupport:
+    name = module_name(model_type)
     try:
         # Some modules print install hints on import: keep them out of our output.
         with contextlib.redirect_stdout(io.StringIO()):
-            module = importlib.import_module(f"mlx_lm.models.{module_name(model_type)}")
+            module = importlib.import_module(f"mlx_lm.models.{name}")
     except (Exception, SystemExit) as e:  # a module that needs a package not installed here
-        return FamilySupport(model_type, False, None, False, f"mlx-lm cannot load it ({e!r})")
+        missing = isinstance(e, ModuleNotFoundError) and e.name == f"mlx_lm.models.{name}"
+        why = (
+            "mlx-lm cannot load it: the installed mlx-lm has no model for this architecture"
+            if missing
+            else f"mlx-lm cannot load it ({e!r})"
+        )
+        return FamilySupport(model_type, False, None, False, why)
     model = getattr(module, "Model", None)
     if model is None:
         return FamilySupport(model_type, False, None, False, "mlx-lm has no model class for it")
@@ -100,7 +107,6 @@ def family_support(model_type: str) -> FamilySupport:
     # text family a multimodal wrapper imports, as qwen2_vl builds a qwen2 model); the runner
     # finds that part at load time (`distributed.pipeline._mixin_part`). A wrapper the engine
     # slices itself (mistral3: a llama text model mostly, ministral3 in some) is "layers".
-    name = module_name(model_type)
     sliced = name in PIPELINE_MODEL_TYPES or name in SLICED_MODEL_TYPES
     modules = {inspect.getmodule(cls) for cls in inspect.getmro(model)} - {None}
     if not sliced:
