@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from exo_core.sampling_defaults import from_exo_table
+
 _TASKS = {
     "TextGeneration": "text_generation",
     "TextToImage": "image_generation",
@@ -45,6 +47,7 @@ def from_exo_card(data: dict[str, Any]) -> dict[str, Any]:
     components = [_component(c) for c in data.get("components", [])]
     if components:
         card["components"] = components
+    card.update(from_exo_table(data.get("sampling_defaults")))
     return card
 
 
