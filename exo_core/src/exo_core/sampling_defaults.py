@@ -31,7 +31,9 @@ INT_LIMIT = 2**31 - 1
 def value_problem(field: str, value: float) -> str | None:
     """What is wrong with `value` for the sampling field `field` (None when it is in range)."""
     if field == "top_k":
-        return None if 0 <= value <= INT_LIMIT else f"must be between 0 and {INT_LIMIT}, got {value}"
+        return (
+            None if 0 <= value <= INT_LIMIT else f"must be between 0 and {INT_LIMIT}, got {value}"
+        )
     if not math.isfinite(value):
         return f"must be a finite number, got {value}"
     if field == "temperature" and value < 0:

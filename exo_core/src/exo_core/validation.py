@@ -81,9 +81,9 @@ def check_params(
             raise fail(name, problem)
     if s.seed is not None:
         within("seed", s.seed, 0, SEED_MAX)
-    if s.repetition_penalty is not None:
-        if (problem := value_problem("repetition_penalty", s.repetition_penalty)) is not None:
-            raise fail("repetition_penalty", problem)
+    penalty = s.repetition_penalty
+    if penalty is not None and (problem := value_problem("repetition_penalty", penalty)):
+        raise fail("repetition_penalty", problem)
     if s.repetition_context_size is not None:
         within("repetition_context_size", s.repetition_context_size, 1, INT_LIMIT)
 

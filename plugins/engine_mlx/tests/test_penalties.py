@@ -69,9 +69,7 @@ def test_each_request_keeps_its_own_penalties_in_a_batch(loaded: tuple[Any, Any]
         name: text(run(BatchEngine(*loaded), {name: params(s)})[name])
         for name, s in (("plain", GREEDY), ("penalised", PENALISED))
     }
-    together = run(
-        BatchEngine(*loaded), {"plain": params(GREEDY), "penalised": params(PENALISED)}
-    )
+    together = run(BatchEngine(*loaded), {"plain": params(GREEDY), "penalised": params(PENALISED)})
     assert {name: text(chunks) for name, chunks in together.items()} == solo
 
 
