@@ -62,7 +62,7 @@ class SamplingValues(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
 
     def check(self) -> None:
         """Raise ValueError for the first value out of its range."""
-        for field in self.__struct_fields__:
+        for field in SamplingValues.__struct_fields__:
             value = getattr(self, field)
             if value is not None and (problem := value_problem(field, value)) is not None:
                 raise ValueError(f"sampling_defaults.{field} {problem}")
