@@ -41,6 +41,12 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     bootstrap_peers: list[str] = msgspec.field(default_factory=list)
     listen_host: str = "0.0.0.0"
     auto_place: bool = True
+    # A model to place an instance of once the node is up (`-m/--model`); None for none.
+    start_model: str | None = None
+    # False (`--no-downloads`): this node fetches no model; only those on disk run here.
+    downloads: bool = True
+    # False (`--no-batch`): engines serve one request at a time, without continuous batching.
+    batch: bool = True
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0
     # Events between snapshots of state; the log is cut behind each snapshot.

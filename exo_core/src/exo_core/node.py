@@ -63,6 +63,7 @@ from exo_core.plugin_host import PluginHost, describe
 from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
 from exo_core.snapshot import Snapshot, SnapshotStore
+from exo_core.start_model import place_at_start
 from exo_core.state import State, Task, TaskStatus
 from exo_core.telemetry import gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
@@ -201,6 +202,7 @@ class Node:
                 fetch_body=self.fetch_body,
                 models_dir=config.models_dir,
                 data_dir=data,
+                downloads=config.downloads,
             )
 
     def _make_transport(self, data: Path) -> Transport:
@@ -368,6 +370,8 @@ class Node:
                     tg.start_soon(self.worker.run)
                 for job in extra:
                     tg.start_soon(job)
+                if self.config.start_model:
+                    tg.start_soon(place_at_start, self, self.config.start_model)
                 self.ready.set()
         finally:
             with anyio.CancelScope(shield=True):

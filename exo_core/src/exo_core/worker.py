@@ -110,8 +110,11 @@ class Worker:
         models_dir: Path,
         data_dir: Path,
         fetch_body: FetchBody | None = None,
+        downloads: bool = True,
     ) -> None:
         self.node_id = node_id
+        # False (`--no-downloads`): only models already on disk run here; nothing is fetched.
+        self._downloads = downloads
         self._replica = replica
         self._engines = engines
         self._downloader = downloader
@@ -291,6 +294,10 @@ class Worker:
         if found is not None:
             self._report_complete(card, found)
             return found
+        if not self._downloads:
+            raise DownloadFailed(
+                f"{card.model_id} is not on disk and this node runs with --no-downloads"
+            )
         starting()
 
         def progress(p: DownloadProgress) -> None:

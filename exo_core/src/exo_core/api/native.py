@@ -16,11 +16,12 @@ from loguru import logger
 
 from exo_core.api.dialect import documented_body
 from exo_core.api.errors import native_error
-from exo_core.commands import DeleteInstance, PlaceInstance
+from exo_core.commands import DeleteInstance
 from exo_core.ids import InstanceId, ModelId
 from exo_core.metrics import CONTENT_TYPE_LATEST
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.start_model import place_model
 from exo_core.state import DownloadStatus, Sharding
 
 NodeDep = NamedDependency[Node]
@@ -165,14 +166,7 @@ class NativeController(Controller):
     ) -> Response[Any]:
         if data.min_nodes < 1:
             raise ValidationException("min_nodes must be at least 1")
-        command = PlaceInstance(
-            model_id=ModelId(data.model_id),
-            sharding=data.sharding,
-            min_nodes=data.min_nodes,
-            card=node.card(data.model_id),
-        )
-        await node.wait_reported()  # a node that just started: its engines first
-        result = await node.send_command(command)
+        result = await place_model(node, data.model_id, data.sharding, data.min_nodes)
         if not result.ok or result.instance_id is None:
             return native_error(result.status, result.message)
         await node.replica.wait_for(result.last_index, timeout=5)

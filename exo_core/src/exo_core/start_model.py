@@ -1,0 +1,63 @@
+"""Placing a model by request: `POST /instance`, and `exo -m MODEL` once the node is up.
+
+Both go through `place_model`, so a model placed at start is placed exactly as the native API
+would place it (pipeline over as few nodes as fit, the master's choice of nodes).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import anyio
+from loguru import logger
+
+from exo_core.commands import CommandResult, PlaceInstance
+from exo_core.ids import ModelId
+from exo_core.state import Sharding, State
+
+if TYPE_CHECKING:
+    from exo_core.node import Node
+
+# How long `-m` waits between tries while the cluster has no master to take the command.
+RETRY_S = 5.0
+
+
+async def place_model(
+    node: Node, model_id: str, sharding: Sharding = "pipeline", min_nodes: int = 1
+) -> CommandResult:
+    """Have the master place an instance of `model_id` (this node's card travels with the
+    command, for a master that lacks the plugin the card comes from)."""
+    command = PlaceInstance(
+        model_id=ModelId(model_id),
+        sharding=sharding,
+        min_nodes=min_nodes,
+        card=node.card(model_id),
+    )
+    await node.wait_reported()  # a node that just started: its engines first
+    return await node.send_command(command)
+
+
+def already_placed(state: State, model_id: str) -> bool:
+    """Whether the cluster runs an instance of `model_id` already (a restarted node finds the
+    one it placed last time in its log, and places no second)."""
+    return any(i.model_id == model_id for i in state.instances.values())
+
+
+async def place_at_start(node: Node, model_id: str) -> None:
+    """`exo -m MODEL`: place MODEL once this node is in a cluster with a master, unless an
+    instance of it runs already. A refusal (unknown model, no room) is logged; the node runs on."""
+    while True:
+        if already_placed(node.state, model_id):
+            logger.info(f"-m {model_id}: an instance of it is running already")
+            return
+        try:
+            result = await place_model(node, model_id)
+        except TimeoutError:
+            logger.info(f"-m {model_id}: no master yet; trying again in {RETRY_S:.0f}s")
+            await anyio.sleep(RETRY_S)
+            continue
+        if result.ok:
+            logger.info(f"-m {model_id}: placed instance {result.instance_id}")
+        else:
+            logger.error(f"-m {model_id}: could not place it: {result.message}")
+        return
