@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anthropic
 import ollama
@@ -118,7 +119,7 @@ def test_ollama(served: Served) -> None:
     assert r.eval_count is not None and 1 <= r.eval_count <= MAX_TOKENS
 
 
-COUNTING = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
+COUNTING: Any = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
 PENALTIES = {"presence_penalty": 1.0, "frequency_penalty": 1.5}
 
 
@@ -128,7 +129,7 @@ def test_penalties_change_greedy_text_in_the_dialects_that_have_them(served: Ser
     the Responses API have none): a counting answer repeats its commas, which they punish."""
     oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=300)
 
-    def chat(**extra: float) -> str:
+    def chat(**extra: Any) -> str:
         r = oai.chat.completions.create(
             model=served.model, messages=COUNTING, temperature=0, max_tokens=24, **extra
         )
@@ -137,7 +138,7 @@ def test_penalties_change_greedy_text_in_the_dialects_that_have_them(served: Ser
     assert chat(**PENALTIES) != chat()
     olla = ollama.Client(host=served.url, timeout=300)
 
-    def ollama_chat(**extra: float) -> str:
+    def ollama_chat(**extra: Any) -> str:
         options = {"temperature": 0, "num_predict": 24, **extra}
         return (
             olla.chat(model=served.model, messages=COUNTING, options=options).message.content or ""

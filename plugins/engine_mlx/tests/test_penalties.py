@@ -21,21 +21,26 @@ GREEDY = SamplingParams(temperature=0)
 PENALISED = SamplingParams(temperature=0, presence_penalty=1.0, frequency_penalty=1.5)
 
 
+def _row(logits: mx.array) -> list[float]:
+    rows: Any = logits.tolist()
+    return rows[0]
+
+
 def test_penalties_count_the_answer_not_the_prompt() -> None:
     penalise = output_penalties(presence=0.5, frequency=2.0, prompt_tokens=3)
     # Prompt [1, 1, 4], answer so far [5, 5, 7]: token 1 and 4 are the prompt's, untouched.
     tokens = mx.array([1, 1, 4, 5, 5, 7])
-    out = penalise(tokens, mx.zeros((1, 10))).tolist()[0]
+    out = _row(penalise(tokens, mx.zeros((1, 10))))
     assert out[5] == pytest.approx(-(0.5 + 2 * 2.0))
     assert out[7] == pytest.approx(-(0.5 + 2.0))
     assert out[1] == out[4] == out[0] == 0.0
     # Nothing generated yet: the logits are unchanged.
-    assert penalise(tokens[:3], mx.ones((1, 10))).tolist()[0] == [1.0] * 10
+    assert _row(penalise(tokens[:3], mx.ones((1, 10)))) == [1.0] * 10
 
 
 def test_negative_penalties_favour_repeats() -> None:
     penalise = output_penalties(presence=-1.0, frequency=0.0, prompt_tokens=0)
-    assert penalise(mx.array([2]), mx.zeros((1, 4))).tolist()[0] == [0.0, 0.0, 1.0, 0.0]
+    assert _row(penalise(mx.array([2]), mx.zeros((1, 4)))) == [0.0, 0.0, 1.0, 0.0]
 
 
 def test_zero_penalties_add_no_processor() -> None:
