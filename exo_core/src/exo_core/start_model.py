@@ -6,13 +6,14 @@ would place it (pipeline over as few nodes as fit, the master's choice of nodes)
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING
 
 import anyio
 from loguru import logger
 
 from exo_core.commands import CommandResult, PlaceInstance
-from exo_core.ids import ModelId
+from exo_core.ids import InstanceId, ModelId
 from exo_core.state import Sharding, State
 
 if TYPE_CHECKING:
@@ -23,7 +24,11 @@ RETRY_S = 5.0
 
 
 async def place_model(
-    node: Node, model_id: str, sharding: Sharding = "pipeline", min_nodes: int = 1
+    node: Node,
+    model_id: str,
+    sharding: Sharding = "pipeline",
+    min_nodes: int = 1,
+    instance_id: InstanceId | None = None,
 ) -> CommandResult:
     """Have the master place an instance of `model_id` (this node's card travels with the
     command, for a master that lacks the plugin the card comes from)."""
@@ -31,10 +36,18 @@ async def place_model(
         model_id=ModelId(model_id),
         sharding=sharding,
         min_nodes=min_nodes,
+        instance_id=instance_id,
         card=node.card(model_id),
     )
     await node.wait_reported()  # a node that just started: its engines first
     return await node.send_command(command)
+
+
+def start_instance_id(model_id: str) -> InstanceId:
+    """The id `-m` gives its instance: the same on every node, so that when several nodes of a
+    cluster start with the same `-m` at once, the master places the first and refuses the
+    others (an id it holds already) instead of placing the model once per node."""
+    return InstanceId(f"inst-{hashlib.sha256(model_id.encode()).hexdigest()[:24]}")
 
 
 def already_placed(state: State, model_id: str) -> bool:
@@ -50,14 +63,26 @@ async def place_at_start(node: Node, model_id: str) -> None:
         if already_placed(node.state, model_id):
             logger.info(f"-m {model_id}: an instance of it is running already")
             return
+        instance_id = start_instance_id(model_id)
         try:
-            result = await place_model(node, model_id)
+            result = await place_model(node, model_id, instance_id=instance_id)
         except TimeoutError:
             logger.info(f"-m {model_id}: no master yet; trying again in {RETRY_S:.0f}s")
             await anyio.sleep(RETRY_S)
             continue
         if result.ok:
             logger.info(f"-m {model_id}: placed instance {result.instance_id}")
+        elif result.status == 409 and await _shows(node, instance_id):
+            logger.info(f"-m {model_id}: another node placed it just now")
         else:
             logger.error(f"-m {model_id}: could not place it: {result.message}")
         return
+
+
+async def _shows(node: Node, instance_id: InstanceId, timeout: float = 5.0) -> bool:
+    """Whether this node's state holds `instance_id` within `timeout` (it may lag the master's)."""
+    with anyio.move_on_after(timeout):
+        while instance_id not in node.state.instances:
+            await node.replica.wait_change()
+        return True
+    return False
