@@ -3,7 +3,7 @@
 exo's cards (`resources/inference_model_cards/*.toml` there) keep the size in a
 `[storage_size] in_bytes` table, name tasks in CamelCase (`TextGeneration`, `TextToImage`,
 `ImageToImage`), and carry fields this project keeps elsewhere or not at all (backends,
-sampling defaults, a reasoning dialect). `from_exo_card` maps the fields (image components
+a reasoning dialect). `from_exo_card` maps the fields (image components and sampling defaults
 included)
 with a meaning here and leaves the rest out, so a card reads the same model either way.
 """
