@@ -142,6 +142,16 @@ def test_random_sampling_without_seed_keeps_ranks_in_step(pipeline2: RunnerGroup
         assert isinstance(final(by_rank[1]), FinishChunk)
 
 
+def test_no_batch_on_one_ranks_node_serves_the_group_one_at_a_time(
+    model_dir: Path, single_texts: dict[str, str]
+) -> None:
+    # The ranks agree to decode one request at a time (else they would step different
+    # batches and the group would fail), and the answers stay those of one process.
+    specs = group_specs(model_dir, sharding="pipeline", world=2)
+    with running_group(specs, rank_options={1: RunnerOptions(max_concurrent=1)}) as group:
+        assert _texts(group) == single_texts
+
+
 def test_a_follower_whose_worker_submits_late_gets_the_final_at_once(
     pipeline2: RunnerGroup,
 ) -> None:
