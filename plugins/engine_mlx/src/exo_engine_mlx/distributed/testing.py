@@ -115,11 +115,12 @@ def task(
     max_tokens: int = 16,
     temperature: float = 0.0,
     seed: int | None = None,
+    sampling: SamplingParams | None = None,
 ) -> Task:
     params = GenerationParams(
         messages=(ChatMessage(role="user", content=content),),
         max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temperature, seed=seed),
+        sampling=sampling or SamplingParams(temperature=temperature, seed=seed),
     )
     return Task(
         task_id=TaskId(task_id),
