@@ -127,3 +127,10 @@ def test_a_non_boolean_enable_thinking_is_refused() -> None:
         msgspec.convert(
             {"model": "m", "messages": USER, "enable_thinking": "yes"}, ChatCompletionRequest
         )
+
+
+def test_exos_extra_knobs_on_the_responses_api_and_chat() -> None:
+    got = _responses(top_k=7, seed=11, stop=["END"])
+    assert (got.sampling.top_k, got.sampling.seed, got.stop) == (7, 11, ("END",))
+    chat_params = _openai(repetition_penalty=1.2, repetition_context_size=64)
+    assert chat_params.sampling.repetition_context_size == 64

@@ -159,13 +159,14 @@ def to_params(req: ResponsesRequest, card: ModelCard) -> GenerationParams:
     tools = common.tool_specs(req.tools)
     effort = req.reasoning.effort if req.reasoning is not None else None
     thinking = common.thinking(card, effort, None, req.enable_thinking)
-    requested = SamplingValues(temperature=req.temperature, top_p=req.top_p)
+    requested = SamplingValues(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     return GenerationParams(
         messages=tuple(messages),
         tools=tools,
         tool_choice=common.tool_choice(req.tool_choice, tools),
         max_tokens=req.max_output_tokens,
-        sampling=resolve_sampling(requested, card.sampling_defaults, thinking),
+        stop=common.stop_list(req.stop),
+        sampling=resolve_sampling(requested, card.sampling_defaults, thinking, seed=req.seed),
         logprobs=LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs),
         top_logprobs=req.top_logprobs or 0,
         enable_thinking=thinking,
