@@ -26,7 +26,7 @@ from exo_core.config import NodeConfig
 from exo_core.context import Job
 from exo_core.datadir import DataDirLock
 from exo_core.decide import MasterContext, decide_node_timeout
-from exo_core.downloads import Downloader
+from exo_core.downloads import Downloader, needs_fetching
 from exo_core.durable import replace_durably
 from exo_core.election import Election, ElectionTiming, is_majority
 from exo_core.engine import Engine
@@ -727,10 +727,15 @@ class Node:
         return False
 
     def servable(self) -> tuple[ModelId, ...]:
-        """The known models that some local engine can serve (placement asks telemetry)."""
+        """The known models that some local engine can serve (placement asks telemetry); with
+        `--no-downloads`, of the hub's models only those already on this node's disk."""
+        on_disk = self.state.downloads.get(self.node_id, {})
         return tuple(
             sorted(
-                m for m, card in self.cards().items() if any(_serves(e, card) for e in self.engines)
+                m
+                for m, card in self.cards().items()
+                if any(_serves(e, card) for e in self.engines)
+                and (self.config.downloads or not needs_fetching(card, on_disk.get(m)))
             )
         )
 
