@@ -60,6 +60,9 @@ async def place_at_start(node: Node, model_id: str) -> None:
     """`exo -m MODEL`: place MODEL once this node is in a cluster with a master, unless an
     instance of it runs already. A refusal (unknown model, no room) is logged; the node runs on."""
     while True:
+        # This node in state first: its view of the cluster (instances placed before it
+        # joined) has caught up with the master's by then.
+        await node.wait_reported()
         if already_placed(node.state, model_id):
             logger.info(f"-m {model_id}: an instance of it is running already")
             return
