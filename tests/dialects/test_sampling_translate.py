@@ -134,3 +134,13 @@ def test_exos_extra_knobs_on_the_responses_api_and_chat() -> None:
     assert (got.sampling.top_k, got.sampling.seed, got.stop) == (7, 11, ("END",))
     chat_params = _openai(repetition_penalty=1.2, repetition_context_size=64)
     assert chat_params.sampling.repetition_context_size == 64
+
+
+def test_ollama_show_lists_the_cards_defaults_as_parameters() -> None:
+    shown = ollama.show(CARD, "2026-01-01T00:00:00Z")["parameters"].splitlines()
+    assert [line.split() for line in shown] == [
+        ["temperature", "0.6"],
+        ["top_p", "0.95"],
+        ["top_k", "20"],
+    ]
+    assert ollama.show(THINKER, "2026-01-01T00:00:00Z")["parameters"] == ""

@@ -492,11 +492,35 @@ def capabilities(card: ModelCard) -> list[str]:
     return [*found, "image"] if card.makes_images else found
 
 
+# Ollama's names for the card's sampling defaults, in the order `/api/show` lists them.
+_PARAMETER_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repeat_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
+def parameters(card: ModelCard) -> str:
+    """The card's sampling defaults as Ollama's `parameters` text (one padded `name value`
+    line each, as a Modelfile's PARAMETER lines show there)."""
+    defaults = card.sampling_defaults
+    lines = [
+        f"{ours_as:<30} {value:g}"
+        for ours, ours_as in _PARAMETER_NAMES.items()
+        if (value := getattr(defaults, ours)) is not None
+    ]
+    return "\n".join(lines)
+
+
 def show(card: ModelCard, modified_at: str) -> dict[str, Any]:
     family = card.family
     return {
         "modelfile": "",
-        "parameters": "",
+        "parameters": parameters(card),
         "template": "",
         "details": details(card),
         "model_info": {
