@@ -158,6 +158,7 @@ def test_presence_and_frequency_penalties_keep_ranks_in_step(
     assert alone != text_of(pipeline2.generate(task("plain", PROMPTS["b"], max_tokens=24))[0])
 
 
+@pytest.mark.slow
 def test_no_batch_on_one_ranks_node_serves_the_group_one_at_a_time(
     model_dir: Path, single_texts: dict[str, str]
 ) -> None:
