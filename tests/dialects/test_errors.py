@@ -56,7 +56,7 @@ OPENAI: list[Case] = [
     (
         "POST",
         "/v1/chat/completions",
-        {"model": "scripted-echo", "messages": USER, "frequency_penalty": 0.5},
+        {"model": "scripted-echo", "messages": USER, "frequency_penalty": 2.5},
         400,
     ),
     (

@@ -130,7 +130,6 @@ def test_generate_modes() -> None:
     [
         {"format": "json"},
         {"format": {"type": "object"}},
-        {"options": {"presence_penalty": 0.5}},
         {"options": {"typical_p": 0.5}},
         {"options": {"num_predict": 0}},
         {"suffix": "tail"},

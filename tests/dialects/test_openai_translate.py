@@ -146,7 +146,6 @@ def test_chat_thinking_switch() -> None:
     "body",
     [
         {"n": 3},
-        {"frequency_penalty": 1.0},
         {"logit_bias": {"1": 5}},
         {"response_format": {"type": "json_schema"}},
         {"tool_choice": "sometimes"},

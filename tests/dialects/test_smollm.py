@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import anthropic
 import ollama
@@ -116,3 +117,45 @@ def test_ollama(served: Served) -> None:
     assert r.done and r.done_reason in ("stop", "length")
     assert r.prompt_eval_count and r.prompt_eval_count > 0
     assert r.eval_count is not None and 1 <= r.eval_count <= MAX_TOKENS
+
+
+COUNTING: Any = [{"role": "user", "content": "Count from 1 to 30, separated by commas."}]
+PENALTIES = {"presence_penalty": 1.0, "frequency_penalty": 1.5}
+
+
+@pytest.mark.timeout(600)
+def test_penalties_change_greedy_text_in_the_dialects_that_have_them(served: Served) -> None:
+    """OpenAI chat and Ollama's options carry presence and frequency penalties (Anthropic and
+    the Responses API have none): a counting answer repeats its commas, which they punish."""
+    oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=300)
+
+    def chat(**extra: Any) -> str:
+        r = oai.chat.completions.create(
+            model=served.model, messages=COUNTING, temperature=0, max_tokens=24, **extra
+        )
+        return r.choices[0].message.content or ""
+
+    assert chat(**PENALTIES) != chat()
+    olla = ollama.Client(host=served.url, timeout=300)
+
+    def ollama_chat(**extra: Any) -> str:
+        options = {"temperature": 0, "num_predict": 24, **extra}
+        return (
+            olla.chat(model=served.model, messages=COUNTING, options=options).message.content or ""
+        )
+
+    assert ollama_chat(**PENALTIES) != ollama_chat()
+
+
+def test_penalties_out_of_range_are_refused_in_each_dialects_format(served: Served) -> None:
+    oai = openai.OpenAI(base_url=f"{served.url}/v1", api_key="unused", timeout=30)
+    with pytest.raises(openai.BadRequestError) as refused:
+        oai.chat.completions.create(
+            model=served.model, messages=COUNTING, max_tokens=4, presence_penalty=2.5
+        )
+    assert "presence_penalty" in str(refused.value)
+    olla = ollama.Client(host=served.url, timeout=30)
+    with pytest.raises(ollama.ResponseError) as refused_ollama:
+        olla.chat(model=served.model, messages=COUNTING, options={"frequency_penalty": -3})
+    assert refused_ollama.value.status_code == 400
+    assert "options.frequency_penalty" in str(refused_ollama.value)

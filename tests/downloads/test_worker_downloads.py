@@ -53,3 +53,32 @@ def test_offline_node_fails_the_runner_not_the_node(hub: HubStandIn, tmp_path: P
         assert progress.status == DownloadStatus.FAILED and "offline" in (progress.error or "")
         assert httpx.get(f"{node.url}/healthz").json()["status"] == "ok"
     assert hub.served() == []
+
+
+def test_no_downloads_fails_the_runner_and_fetches_nothing(hub: HubStandIn, tmp_path: Path) -> None:
+    plugins = [download_plugin, HubEnginePlugin()]
+    with running_node(tmp_path / "node", plugins, downloads=False) as node:
+        # A custom card: placement may put it on any node with an engine.
+        node.call(node.node.send_command, AddModelCard(card=card(custom=True)))
+        placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
+        assert placed.status_code == 201, placed.text
+        wait(lambda: RunnerStatus.FAILED in runner_statuses(node))
+        failed = next(r for r in node.node.state.runners.values())
+        assert failed.error is not None and "--no-downloads" in failed.error
+        assert httpx.get(f"{node.url}/healthz").json()["status"] == "ok"
+    assert hub.served() == []
+
+
+def test_no_downloads_still_runs_a_model_on_disk(hub: HubStandIn, tmp_path: Path) -> None:
+    plugins = [download_plugin, HubEnginePlugin()]
+    with running_node(tmp_path / "node", plugins) as node:
+        node.call(node.node.send_command, AddModelCard(card=card(custom=True)))
+        placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
+        wait(lambda: RunnerStatus.READY in runner_statuses(node))
+        httpx.delete(f"{node.url}/instance/{placed.json()['instance_id']}")
+    fetched = len(hub.served())
+    with running_node(tmp_path / "node", plugins, downloads=False) as node:
+        placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
+        assert placed.status_code == 201, placed.text
+        wait(lambda: RunnerStatus.READY in runner_statuses(node))
+    assert len(hub.served()) == fetched

@@ -48,6 +48,12 @@ def core_parser() -> argparse.ArgumentParser:
     add("-q", "--quiet", action="count", default=0, help="less logging")
     add("--no-api", action="store_true", help="serve no HTTP API")
     add("--no-worker", action="store_true", help="run no models on this node")
+    add("-m", "--model", default=None, metavar="MODEL",
+        help="place an instance of MODEL once the node is up (unless one is running already)")  # fmt: skip
+    add("--no-downloads", action="store_true",
+        help="download no models on this node: only models already on disk run here")  # fmt: skip
+    add("--no-batch", action="store_true",
+        help="serve one request at a time per model (no continuous batching)")  # fmt: skip
     add("--force-master", action="store_true", help="win every master election")
     add("--namespace", default=os.environ.get("EXO_NAMESPACE", "default"),
         help="only nodes with the same namespace form a cluster")  # fmt: skip
@@ -124,6 +130,9 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         auto_place=not args.no_auto_place,
         trust_remote_code=args.trust_remote_code,
         exclude_nodes=args.exclude_node,
+        start_model=args.model,
+        downloads=not args.no_downloads,
+        batch=not args.no_batch,
         verbosity=args.verbose - args.quiet,
         disabled_plugins=args.disable_plugin,
         transport=args.transport,

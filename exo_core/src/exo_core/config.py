@@ -46,6 +46,12 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     trust_remote_code: list[str] = msgspec.field(default_factory=list)
     # Nodes never given a model when this node places one (as master, or through its API).
     exclude_nodes: list[str] = msgspec.field(default_factory=list)
+    # A model to place an instance of once the node is up (`-m/--model`); None for none.
+    start_model: str | None = None
+    # False (`--no-downloads`): this node fetches no model; only those on disk run here.
+    downloads: bool = True
+    # False (`--no-batch`): engines serve one request at a time, without continuous batching.
+    batch: bool = True
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0
     # Events between snapshots of state; the log is cut behind each snapshot.

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from exo_core.model_cards import ModelCard
-from exo_core.state import DownloadProgress
+from exo_core.state import DownloadProgress, DownloadStatus
 
 ProgressReporter = Callable[[DownloadProgress], None]
 
@@ -30,3 +30,11 @@ class Downloader(abc.ABC):
     @abc.abstractmethod
     async def delete(self, card: ModelCard) -> bool:
         """Delete the model's files; False when they are in a read-only directory or absent."""
+
+
+def needs_fetching(card: ModelCard, here: DownloadProgress | None) -> bool:
+    """Whether running `card` on a node means downloading it there: a hub model (`hf:`) that
+    the node has not reported complete (`here`: its download entry, if any). Embedded and
+    local models never need it."""
+    complete = here is not None and here.status == DownloadStatus.COMPLETED
+    return card.source.startswith("hf:") and not complete

@@ -2,8 +2,8 @@
 
 exo's cards (`resources/inference_model_cards/*.toml` there) keep the size in a
 `[storage_size] in_bytes` table, name tasks in CamelCase (`TextGeneration`, `TextToImage`,
-`ImageToImage`), and carry fields this project keeps elsewhere or not at all (backends,
-sampling defaults). `from_exo_card` maps the fields with a meaning here (image components,
+`ImageToImage`), and carry fields this project keeps elsewhere or not at all (backends).
+`from_exo_card` maps the fields with a meaning here (image components, sampling defaults,
 the reasoning dialect, the CFG flag and the `[vision]` table included) and leaves the rest
 out (`backends`: every engine here says itself what it runs), so a card reads the same model
 either way.
@@ -12,6 +12,8 @@ either way.
 from __future__ import annotations
 
 from typing import Any
+
+from exo_core.sampling_defaults import from_exo_table
 
 _TASKS = {
     "TextGeneration": "text_generation",
@@ -56,6 +58,7 @@ def from_exo_card(data: dict[str, Any]) -> dict[str, Any]:
     components = [_component(c) for c in data.get("components", [])]
     if components:
         card["components"] = components
+    card.update(from_exo_table(data.get("sampling_defaults")))
     return card
 
 

@@ -62,6 +62,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
     repetition_penalty: float | None = None
     repetition_context_size: int | None = None
+    # OpenAI's additive penalties on the tokens generated so far: `presence_penalty` once for
+    # every token that appeared, `frequency_penalty` times the number of times it appeared.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
 
 class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):

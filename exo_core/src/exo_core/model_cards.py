@@ -16,6 +16,7 @@ import msgspec
 
 from exo_core.exo_card_format import from_exo_card, is_exo_card
 from exo_core.ids import ModelId
+from exo_core.sampling_defaults import SamplingDefaults
 
 
 class Capability(StrEnum):
@@ -136,6 +137,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     # them (a hybrid model's layer pattern): the core treats them as opaque. At most
     # `MAX_CARD_CONFIG_BYTES` of JSON.
     config: dict[str, Any] = {}
+    # The sampling the model's makers recommend, for requests that leave a field out (see
+    # `exo_core.sampling_defaults`).
+    sampling_defaults: SamplingDefaults = SamplingDefaults()
 
     def __post_init__(self) -> None:
         # Raised here, a decoder (a card file, a peer's message) refuses the card with it.

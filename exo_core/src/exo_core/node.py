@@ -26,7 +26,7 @@ from exo_core.config import NodeConfig, model_roots
 from exo_core.context import Job
 from exo_core.datadir import DataDirLock
 from exo_core.decide import MasterContext, decide_node_timeout
-from exo_core.downloads import Downloader
+from exo_core.downloads import Downloader, needs_fetching
 from exo_core.durable import replace_durably
 from exo_core.election import Election, ElectionTiming, is_majority
 from exo_core.engine import Engine
@@ -63,6 +63,7 @@ from exo_core.plugin_host import PluginHost, describe
 from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
 from exo_core.snapshot import Snapshot, SnapshotStore
+from exo_core.start_model import place_at_start
 from exo_core.state import State, Task, TaskStatus
 from exo_core.telemetry import gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
@@ -203,6 +204,7 @@ class Node:
                 models_dir=config.models_dir,
                 data_dir=data,
                 card_to_run=self._card_to_run,
+                downloads=config.downloads,
             )
 
     def _make_transport(self, data: Path) -> Transport:
@@ -391,6 +393,8 @@ class Node:
                     tg.start_soon(self.worker.run)
                 for job in extra:
                     tg.start_soon(job)
+                if self.config.start_model:
+                    tg.start_soon(place_at_start, self, self.config.start_model)
                 self.ready.set()
         finally:
             with anyio.CancelScope(shield=True):
@@ -754,10 +758,15 @@ class Node:
         return False
 
     def servable(self) -> tuple[ModelId, ...]:
-        """The known models that some local engine can serve (placement asks telemetry)."""
+        """The known models that some local engine can serve (placement asks telemetry); with
+        `--no-downloads`, of the hub's models only those already on this node's disk."""
+        on_disk = self.state.downloads.get(self.node_id, {})
         return tuple(
             sorted(
-                m for m, card in self.cards().items() if any(_serves(e, card) for e in self.engines)
+                m
+                for m, card in self.cards().items()
+                if any(_serves(e, card) for e in self.engines)
+                and (self.config.downloads or not needs_fetching(card, on_disk.get(m)))
             )
         )
 

@@ -152,6 +152,7 @@ from exo_core.ring import (
     ring_token,
     start_rank_reader,
 )
+from exo_core.sampling_defaults import SamplingDefaults, SamplingValues, resolve_sampling
 from exo_core.service import (
     GenerationError,
     GenerationService,
@@ -328,7 +329,9 @@ __all__ = [
     "RunnerStatus",
     "RunnerStatusUpdate",
     "RunnerSubmit",
+    "SamplingDefaults",
     "SamplingParams",
+    "SamplingValues",
     "ShardAssignment",
     "Sharding",
     "State",
@@ -411,6 +414,7 @@ __all__ = [
     "remove_model_dir",
     "replace_durably",
     "report_load_failure",
+    "resolve_sampling",
     "ring_addresses",
     "ring_token",
     "run_runner_child",

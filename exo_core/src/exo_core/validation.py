@@ -13,13 +13,13 @@ tokenizes, refuses what this lets through and caps the answer to the room the pr
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import msgspec
 
 from exo_core.generation import GenerationParams
 from exo_core.model_cards import ModelCard
+from exo_core.sampling_defaults import INT_LIMIT, value_problem
 
 FieldNames = Mapping[str, str]
 """A dialect's names for the core's fields ("seed" -> "options.seed"); unnamed fields keep the
@@ -29,8 +29,6 @@ SEED_MAX = 2**64 - 1  # MLX keys take an unsigned 64-bit seed
 MAX_STOP_SEQUENCES = 16
 MAX_STOP_CHARS = 256
 MAX_TOP_LOGPROBS = 20
-# Integers larger than this are refused outright (they would not even fit the log's encoding).
-INT_LIMIT = 2**31 - 1
 # A model with no known context still gets a ceiling on its answer.
 UNKNOWN_CONTEXT_MAX_TOKENS = 2**20
 # Byte-level BPE averages about 4 bytes a token on prose; 16 leaves a wide margin, so only a
@@ -73,31 +71,19 @@ def check_params(
     def fail(field: str, problem: str) -> ParamError:
         return ParamError(dialect.get(field, field), problem)
 
-    def finite(field: str, value: float) -> None:
-        if not math.isfinite(value):
-            raise fail(field, f"must be a finite number, got {value}")
-
     def within(field: str, value: int, low: int, high: int) -> None:
         if not low <= value <= high:
             raise fail(field, f"must be between {low} and {high}, got {value}")
 
     s = params.sampling
-    finite("temperature", s.temperature)
-    if s.temperature < 0:
-        raise fail("temperature", f"must not be negative, got {s.temperature}")
-    finite("top_p", s.top_p)
-    if not 0 < s.top_p <= 1:
-        raise fail("top_p", f"must be in (0, 1], got {s.top_p}")
-    within("top_k", s.top_k, 0, INT_LIMIT)
-    finite("min_p", s.min_p)
-    if not 0 <= s.min_p <= 1:
-        raise fail("min_p", f"must be in [0, 1], got {s.min_p}")
+    for name in ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty"):
+        if (problem := value_problem(name, getattr(s, name))) is not None:
+            raise fail(name, problem)
     if s.seed is not None:
         within("seed", s.seed, 0, SEED_MAX)
-    if s.repetition_penalty is not None:
-        finite("repetition_penalty", s.repetition_penalty)
-        if s.repetition_penalty <= 0:
-            raise fail("repetition_penalty", f"must be positive, got {s.repetition_penalty}")
+    penalty = s.repetition_penalty
+    if penalty is not None and (problem := value_problem("repetition_penalty", penalty)):
+        raise fail("repetition_penalty", problem)
     if s.repetition_context_size is not None:
         within("repetition_context_size", s.repetition_context_size, 1, INT_LIMIT)
 

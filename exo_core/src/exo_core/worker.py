@@ -115,8 +115,11 @@ class Worker:
         data_dir: Path,
         fetch_body: FetchBody | None = None,
         card_to_run: CardToRun = lambda card: card,
+        downloads: bool = True,
     ) -> None:
         self.node_id = node_id
+        # False (`--no-downloads`): only models already on disk run here; nothing is fetched.
+        self._downloads = downloads
         self._replica = replica
         self._engines = engines
         self._downloader = downloader
@@ -298,6 +301,10 @@ class Worker:
         if found is not None:
             self._report_complete(card, found)
             return found
+        if not self._downloads:
+            raise DownloadFailed(
+                f"{card.model_id} is not on disk and this node runs with --no-downloads"
+            )
         starting()
 
         def progress(p: DownloadProgress) -> None:

@@ -23,6 +23,7 @@ from exo_core.plugin import (
     FinishChunk,
     FinishReason,
     RunnerStatus,
+    SamplingParams,
     TextChunk,
 )
 from exo_engine_mlx.distributed.testing import (
@@ -140,6 +141,32 @@ def test_random_sampling_without_seed_keeps_ranks_in_step(pipeline2: RunnerGroup
     for by_rank in pipeline2.generate_many(tasks).values():
         assert isinstance(final(by_rank[0]), FinishChunk)
         assert isinstance(final(by_rank[1]), FinishChunk)
+
+
+def test_presence_and_frequency_penalties_keep_ranks_in_step(
+    model_dir: Path, pipeline2: RunnerGroup
+) -> None:
+    # Negative: this tiny model repeats nothing by itself, so the answer changes only when
+    # the penalties favour repeats.
+    penalised = SamplingParams(temperature=0, presence_penalty=-2.0, frequency_penalty=-1.0)
+    t = task("penalised", PROMPTS["b"], max_tokens=24, sampling=penalised)
+    with running_group(group_specs(model_dir, sharding="pipeline", world=1)) as single:
+        alone = text_of(single.generate(t)[0])
+    by_rank = pipeline2.generate(t)
+    assert isinstance(final(by_rank[1]), FinishChunk)
+    assert text_of(by_rank[0]) == alone
+    assert alone != text_of(pipeline2.generate(task("plain", PROMPTS["b"], max_tokens=24))[0])
+
+
+@pytest.mark.slow
+def test_no_batch_on_one_ranks_node_serves_the_group_one_at_a_time(
+    model_dir: Path, single_texts: dict[str, str]
+) -> None:
+    # The ranks agree to decode one request at a time (else they would step different
+    # batches and the group would fail), and the answers stay those of one process.
+    specs = group_specs(model_dir, sharding="pipeline", world=2)
+    with running_group(specs, rank_options={1: RunnerOptions(max_concurrent=1)}) as group:
+        assert _texts(group) == single_texts
 
 
 def test_a_follower_whose_worker_submits_late_gets_the_final_at_once(

@@ -26,11 +26,11 @@ from exo_core.api.exo_shapes import (
     our_sharding,
 )
 from exo_core.api.native import NodeDep
-from exo_core.commands import PlaceInstance
 from exo_core.decide import build_instance
 from exo_core.ids import InstanceId, ModelId, NodeId, new_id
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.start_model import place_model
 from exo_core.state import Instance
 
 # exo's `await_instance` bound on `timeout_seconds` (0: wait until one exists).
@@ -80,15 +80,13 @@ class ExoRoutesController(Controller):
             return problem
         card = node.card(data.model_id)
         assert card is not None  # checked above
-        command = PlaceInstance(
-            model_id=ModelId(data.model_id),
-            sharding=our_sharding(data.sharding),
-            min_nodes=data.min_nodes,
+        result = await place_model(
+            node,
+            data.model_id,
+            our_sharding(data.sharding),
+            data.min_nodes,
             node_ids=tuple(NodeId(n) for n in node_ids),
-            card=card,
         )
-        await node.wait_reported()  # a node that just started: its engines first
-        result = await node.send_command(command)
         if not result.ok or result.instance_id is None:
             return native_error(result.status, result.message)
         await node.replica.wait_for(result.last_index, timeout=5)

@@ -22,11 +22,12 @@ from exo_core.api.exo_shapes import (
     instance_meta_problem,
     our_sharding,
 )
-from exo_core.commands import DeleteInstance, PlaceInstance
+from exo_core.commands import DeleteInstance
 from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.metrics import CONTENT_TYPE_LATEST
 from exo_core.node import Node
 from exo_core.placement_types import PlacementRefused, PlacementRequest
+from exo_core.start_model import place_model
 from exo_core.state import DownloadStatus, Sharding
 
 NodeDep = NamedDependency[Node]
@@ -184,19 +185,15 @@ class NativeController(Controller):
         unknown = [n for n in data.node_ids or [] if n not in node.state.nodes]
         if unknown:
             return native_error(404, f"unknown node '{unknown[0]}' in node_ids")
-        command = PlaceInstance(
-            model_id=ModelId(data.model_id),
-            sharding=our_sharding(data.sharding),
-            min_nodes=data.min_nodes,
+        result = await place_model(
+            node,
+            data.model_id,
+            our_sharding(data.sharding),
+            data.min_nodes,
             node_ids=tuple(NodeId(n) for n in data.node_ids or []),
-            card=node.card(data.model_id),
             nodes=tuple(NodeId(n) for n in data.nodes),
-            exclude_nodes=tuple(
-                NodeId(n) for n in [*data.exclude_nodes, *node.config.exclude_nodes]
-            ),
+            exclude_nodes=tuple(NodeId(n) for n in data.exclude_nodes),
         )
-        await node.wait_reported()  # a node that just started: its engines first
-        result = await node.send_command(command)
         if not result.ok or result.instance_id is None:
             return native_error(result.status, result.message)
         await node.replica.wait_for(result.last_index, timeout=5)

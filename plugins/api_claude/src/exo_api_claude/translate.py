@@ -40,7 +40,7 @@ from exo_core.plugin import (
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
-    SamplingParams,
+    SamplingValues,
     TextChunk,
     ThinkingChunk,
     ToolCall,
@@ -50,6 +50,7 @@ from exo_core.plugin import (
     Usage,
     answered,
     finish_failure,
+    resolve_sampling,
 )
 
 # -- request ---------------------------------------------------------------------------------
@@ -215,21 +216,18 @@ def to_params(req: MessagesRequest, card: ModelCard) -> GenerationParams:
     if not req.messages:
         raise InvalidRequest("messages: at least one message is required")
     specs = tools(req.tools)
-    defaults = SamplingParams()
     if any(not s for s in req.stop_sequences or []):
         raise InvalidRequest("stop_sequences must not hold empty strings")
+    thinks = thinking(req, card)
+    requested = SamplingValues(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     return GenerationParams(
         messages=messages(req),
         tools=specs,
         tool_choice=tool_choice(req.tool_choice, specs),
         max_tokens=req.max_tokens,
         stop=tuple(req.stop_sequences or ()),
-        sampling=SamplingParams(
-            temperature=defaults.temperature if req.temperature is None else req.temperature,
-            top_p=defaults.top_p if req.top_p is None else req.top_p,
-            top_k=defaults.top_k if req.top_k is None else req.top_k,
-        ),
-        enable_thinking=thinking(req, card),
+        sampling=resolve_sampling(requested, card.sampling_defaults, thinks),
+        enable_thinking=thinks,
     )
 
 

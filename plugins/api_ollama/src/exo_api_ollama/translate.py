@@ -29,6 +29,7 @@ from exo_core.plugin import (
     KeepAliveChunk,
     ModelCard,
     SamplingParams,
+    SamplingValues,
     TextChunk,
     ThinkingChunk,
     TokenLogprob,
@@ -37,6 +38,7 @@ from exo_core.plugin import (
     ToolSpec,
     Usage,
     finish_failure,
+    resolve_sampling,
 )
 
 # The Ollama API level these routes follow (thinking, tool calls with object arguments,
@@ -141,28 +143,32 @@ FIELD_NAMES = {
     "repetition_context_size": "options.repeat_last_n",
     "max_tokens": "options.num_predict",
     "stop": "options.stop",
+    "presence_penalty": "options.presence_penalty",
+    "frequency_penalty": "options.frequency_penalty",
 }
 
 
-def sampling(options: Options | None) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
-    """(sampling, max_tokens, stop) from Ollama's options."""
+def sampling(
+    options: Options | None, card: ModelCard, thinking: bool | None
+) -> tuple[SamplingParams, int | None, tuple[str, ...]]:
+    """(sampling, max_tokens, stop) from Ollama's options, with the card's defaults for the
+    sampling options left out."""
     o = options or Options()
-    _neutral("presence_penalty", o.presence_penalty, 0.0)
-    _neutral("frequency_penalty", o.frequency_penalty, 0.0)
     _neutral("mirostat", o.mirostat, 0)
     _neutral("typical_p", o.typical_p, 1.0)
     _neutral("tfs_z", o.tfs_z, 1.0)
-    base = SamplingParams()
-    params = SamplingParams(
-        temperature=base.temperature if o.temperature is None else o.temperature,
-        top_p=base.top_p if o.top_p is None else o.top_p,
-        top_k=base.top_k if o.top_k is None else o.top_k,
-        min_p=base.min_p if o.min_p is None else o.min_p,
-        seed=o.seed,
+    requested = SamplingValues(
+        temperature=o.temperature,
+        top_p=o.top_p,
+        top_k=o.top_k,
+        min_p=o.min_p,
         repetition_penalty=o.repeat_penalty,
-        repetition_context_size=o.repeat_last_n
-        if o.repeat_last_n and o.repeat_last_n > 0
-        else None,
+        presence_penalty=o.presence_penalty,
+        frequency_penalty=o.frequency_penalty,
+    )
+    context = o.repeat_last_n if o.repeat_last_n and o.repeat_last_n > 0 else None
+    params = resolve_sampling(
+        requested, card.sampling_defaults, thinking, seed=o.seed, repetition_context_size=context
     )
     # num_predict: -1 is "no limit", -2 "fill the context"; both mean no cap here.
     limit = o.num_predict if o.num_predict is not None and o.num_predict >= 0 else None
@@ -195,7 +201,8 @@ def _refuse_format(fmt: str | dict[str, Any] | None) -> None:
 
 def chat_params(req: ChatRequest, card: ModelCard) -> GenerationParams:
     _refuse_format(req.format)
-    sampled, limit, stop = sampling(req.options)
+    thinks = thinking(req.think, card)
+    sampled, limit, stop = sampling(req.options, card, thinks)
     return GenerationParams(
         messages=messages(req.messages),
         tools=tools(req.tools),
@@ -204,7 +211,7 @@ def chat_params(req: ChatRequest, card: ModelCard) -> GenerationParams:
         sampling=sampled,
         logprobs=bool(req.logprobs),
         top_logprobs=req.top_logprobs or 0,
-        enable_thinking=thinking(req.think, card),
+        enable_thinking=thinks,
         reasoning_effort=effort(req.think),
     )
 
@@ -217,14 +224,15 @@ def generate_params(req: GenerateRequest, card: ModelCard) -> GenerationParams:
         raise InvalidRequest("template is not supported: exo uses the model's chat template")
     if req.context:
         raise InvalidRequest("context is not supported: send the conversation to /api/chat")
-    sampled, limit, stop = sampling(req.options)
+    thinks = thinking(req.think, card)
+    sampled, limit, stop = sampling(req.options, card, thinks)
     common: dict[str, Any] = {
         "max_tokens": limit,
         "stop": stop,
         "sampling": sampled,
         "logprobs": bool(req.logprobs),
         "top_logprobs": req.top_logprobs or 0,
-        "enable_thinking": thinking(req.think, card),
+        "enable_thinking": thinks,
         "reasoning_effort": effort(req.think),
     }
     if req.raw:
@@ -486,11 +494,35 @@ def capabilities(card: ModelCard) -> list[str]:
     return [*found, "image"] if card.makes_images else found
 
 
+# Ollama's names for the card's sampling defaults, in the order `/api/show` lists them.
+_PARAMETER_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repeat_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
+def parameters(card: ModelCard) -> str:
+    """The card's sampling defaults as Ollama's `parameters` text (one padded `name value`
+    line each, as a Modelfile's PARAMETER lines show there)."""
+    defaults = card.sampling_defaults
+    lines = [
+        f"{ours_as:<30} {value:g}"
+        for ours, ours_as in _PARAMETER_NAMES.items()
+        if (value := getattr(defaults, ours)) is not None
+    ]
+    return "\n".join(lines)
+
+
 def show(card: ModelCard, modified_at: str) -> dict[str, Any]:
     family = card.family
     return {
         "modelfile": "",
-        "parameters": "",
+        "parameters": parameters(card),
         "template": "",
         "details": details(card),
         "model_info": {

@@ -53,10 +53,10 @@ class Options(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     repeat_penalty: float | None = None
     repeat_last_n: int | None = None
-    # Sampling exo does not implement: refused unless neutral. Resource knobs (num_ctx,
-    # num_gpu, num_thread...) are not declared: ignoring them changes no answer.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Sampling exo does not implement: refused unless neutral. Resource knobs (num_ctx,
+    # num_gpu, num_thread...) are not declared: ignoring them changes no answer.
     mirostat: int | None = None
     typical_p: float | None = None
     tfs_z: float | None = None

@@ -34,6 +34,7 @@ from exo_core.plugin import (
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
+    SamplingValues,
     TextChunk,
     ThinkingChunk,
     ToolCall,
@@ -42,6 +43,7 @@ from exo_core.plugin import (
     Usage,
     answered,
     finish_failure,
+    resolve_sampling,
 )
 
 # -- request ---------------------------------------------------------------------------------
@@ -100,10 +102,6 @@ def message(m: MessageIn) -> ChatMessage:
 def _refuse_unsupported(req: ChatCompletionRequest) -> None:
     if req.n is not None and req.n != 1:
         raise InvalidRequest(f"n={req.n} is not supported: exo generates one choice per request")
-    if req.presence_penalty:
-        raise InvalidRequest("presence_penalty is not supported (try repetition_penalty)")
-    if req.frequency_penalty:
-        raise InvalidRequest("frequency_penalty is not supported (try repetition_penalty)")
     if req.logit_bias:
         raise InvalidRequest("logit_bias is not supported")
     if req.audio is not None or any(m != "text" for m in req.modalities or []):
@@ -138,23 +136,34 @@ def to_params(req: ChatCompletionRequest, card: ModelCard) -> GenerationParams:
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
+    thinking = common.thinking(
+        card, req.reasoning_effort, req.chat_template_kwargs, req.enable_thinking
+    )
+    requested = SamplingValues(
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p,
+        repetition_penalty=req.repetition_penalty,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+    )
     return GenerationParams(
         messages=tuple(message(m) for m in req.messages),
         tools=tools,
         tool_choice=common.tool_choice(req.tool_choice, tools),
         max_tokens=max_tokens,
         stop=common.stop_list(req.stop),
-        sampling=common.sampling(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            top_k=req.top_k,
-            min_p=req.min_p,
+        sampling=resolve_sampling(
+            requested,
+            card.sampling_defaults,
+            thinking,
             seed=req.seed,
-            repetition_penalty=req.repetition_penalty,
+            repetition_context_size=req.repetition_context_size,
         ),
         logprobs=want_logprobs,
         top_logprobs=req.top_logprobs or 0,
-        enable_thinking=common.thinking(card, req.reasoning_effort, req.chat_template_kwargs),
+        enable_thinking=thinking,
         reasoning_effort=common.effort(req.reasoning_effort),
     )
 

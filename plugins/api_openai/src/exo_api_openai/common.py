@@ -12,16 +12,13 @@ from exo_api_openai.types import ToolChoice, ToolIn
 from exo_core.plugin import (
     Capability,
     ContentPart,
-    GenerationParams,
     InvalidRequest,
     ModelCard,
-    SamplingParams,
     TokenLogprob,
     ToolSpec,
     Usage,
 )
 
-DEFAULTS = GenerationParams()
 T = TypeVar("T")
 
 
@@ -76,15 +73,21 @@ def tool_choice(choice: ToolChoice | None, tools: tuple[ToolSpec, ...]) -> str:
 
 
 def thinking(
-    card: ModelCard, effort: str | None, template_kwargs: dict[str, Any] | None
+    card: ModelCard,
+    effort: str | None,
+    template_kwargs: dict[str, Any] | None,
+    enable_thinking: bool | None = None,
 ) -> bool | None:
-    """The thinking switch: from `reasoning_effort` ("none"/"minimal" off, others on) or the
-    `chat_template_kwargs.enable_thinking` extension; None leaves the model's default.
+    """The thinking switch: from `reasoning_effort` ("none"/"minimal" off, others on), the
+    top-level `enable_thinking` (exo's extension) or `chat_template_kwargs.enable_thinking`
+    (vLLM's), the later winning; None leaves the model's default.
 
     Models that cannot think ignore it, which is harmless: they would not think anyway."""
     flag: bool | None = None
     if effort is not None:
         flag = effort not in ("none", "minimal")
+    if enable_thinking is not None:
+        flag = enable_thinking
     for key, value in (template_kwargs or {}).items():
         if key not in ("enable_thinking", "thinking"):
             raise InvalidRequest(f"chat_template_kwargs.{key} is not supported")
@@ -106,26 +109,6 @@ def effort(value: str | None) -> str | None:
     if value not in EFFORTS:
         raise InvalidRequest(f"reasoning effort must be one of {', '.join(EFFORTS)}")
     return EFFORTS[value]
-
-
-def sampling(
-    *,
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    seed: int | None = None,
-    repetition_penalty: float | None = None,
-) -> SamplingParams:
-    base = DEFAULTS.sampling
-    return SamplingParams(
-        temperature=base.temperature if temperature is None else temperature,
-        top_p=base.top_p if top_p is None else top_p,
-        top_k=base.top_k if top_k is None else top_k,
-        min_p=base.min_p if min_p is None else min_p,
-        seed=seed,
-        repetition_penalty=repetition_penalty,
-    )
 
 
 def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ from exo_core.plugin import (
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
+    SamplingValues,
     TextChunk,
     ThinkingChunk,
     ToolCall,
@@ -45,6 +46,7 @@ from exo_core.plugin import (
     ToolSpec,
     Usage,
     finish_failure,
+    resolve_sampling,
 )
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -157,15 +159,18 @@ def to_params(req: ResponsesRequest, card: ModelCard) -> GenerationParams:
         raise InvalidRequest("input must not be empty")
     tools = common.tool_specs(req.tools)
     effort = req.reasoning.effort if req.reasoning is not None else None
+    thinking = common.thinking(card, effort, None, req.enable_thinking)
+    requested = SamplingValues(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     return GenerationParams(
         messages=tuple(messages),
         tools=tools,
         tool_choice=common.tool_choice(req.tool_choice, tools),
         max_tokens=req.max_output_tokens,
-        sampling=common.sampling(temperature=req.temperature, top_p=req.top_p),
+        stop=common.stop_list(req.stop),
+        sampling=resolve_sampling(requested, card.sampling_defaults, thinking, seed=req.seed),
         logprobs=LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs),
         top_logprobs=req.top_logprobs or 0,
-        enable_thinking=common.thinking(card, effort, None),
+        enable_thinking=thinking,
         reasoning_effort=common.effort(effort),
     )
 

@@ -144,9 +144,9 @@ class ChatCompletionRequest(_Body, kw_only=True):
     tool_choice: ToolChoice | None = None
     reasoning_effort: str | None = None
     response_format: ResponseFormat | None = None
-    # Not supported; refused unless neutral (zero, empty, absent).
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    # Not supported; refused unless neutral (empty, absent).
     logit_bias: dict[str, float] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
@@ -158,7 +158,10 @@ class ChatCompletionRequest(_Body, kw_only=True):
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    repetition_context_size: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # exo's own spelling of the thinking switch (chat_template_kwargs wins when both are set).
+    enable_thinking: bool | None = None
 
 
 # -- Responses ------------------------------------------------------------------------------
@@ -191,6 +194,12 @@ class ResponsesRequest(_Body, kw_only=True):
     reasoning: Reasoning | None = None
     text: TextFormat | None = None
     metadata: dict[str, str] | None = None
+    # exo's extensions: the thinking switch (reasoning.effort says it too; this wins), and
+    # sampling and stopping knobs the Responses API lacks.
+    enable_thinking: bool | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
     # Not supported (we keep no responses or conversations); refused when set.
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None

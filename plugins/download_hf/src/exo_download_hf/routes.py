@@ -177,6 +177,8 @@ async def start_download(
         return native_error(404, f"unknown model '{model_id}'")
     if not node.config.worker:
         return native_error(409, "this node runs no worker (--no-worker): it keeps no models")
+    if not node.config.downloads:
+        return native_error(409, "this node runs with --no-downloads: it downloads no models")
 
     async def fetch() -> None:
         try:

@@ -284,7 +284,7 @@ class BatchEngine:
             return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
         max_tokens = self._max_tokens(params, len(tokens))
         sampler = self._sampler(task_id, params)
-        wanted = make_processors(params.sampling)
+        wanted = make_processors(params.sampling, prompt_tokens=len(tokens))
         if params.ignore_eos:
             wanted.append(ban_tokens(sorted(self._eos)))
         processors = [self._guard.processor(task_id, p) for p in wanted]

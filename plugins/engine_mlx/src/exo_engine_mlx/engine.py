@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 
 from exo_core.plugin import (
     RING_TOKEN_ENV,
@@ -55,9 +56,14 @@ def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
 class MlxEngine(Engine):
     name = "mlx"
 
-    def __init__(self, ring_secret: bytes = derive_key(None, "exo-mlx-ring")) -> None:
+    def __init__(
+        self, ring_secret: bytes = derive_key(None, "exo-mlx-ring"), *, batch: bool = True
+    ) -> None:
         # Ranks of a group prove to each other that they hold a token made from this.
         self.ring_secret = ring_secret
+        # False (`exo --no-batch`): each runner decodes one request at a time, the others
+        # waiting their turn, instead of batching them continuously.
+        self.batch = batch
 
     def can_serve(self, card: ModelCard) -> bool:
         return ModelTask.TEXT_GENERATION in card.tasks and (
@@ -105,7 +111,11 @@ class MlxEngine(Engine):
         env = runner_env()
         if spec.shard.world_size > 1:
             env[RING_TOKEN_ENV] = ring_token(self.ring_secret, spec.instance.instance_id)
-        return MlxRunner(spec, options_from_env(os.environ), env)
+        return MlxRunner(spec, self.runner_options(os.environ), env)
+
+    def runner_options(self, env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
+        options = options_from_env(env)
+        return options if self.batch else msgspec.structs.replace(options, max_concurrent=1)
 
 
 def _model_config(card: ModelCard) -> dict[str, Any] | None:

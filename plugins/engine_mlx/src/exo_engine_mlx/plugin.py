@@ -15,7 +15,7 @@ def exo_engines(config: NodeConfig) -> list[Engine]:
     from exo_engine_mlx.engine import MlxEngine
 
     secret = derive_key(config.cluster_key, f"exo-mlx-ring:{config.namespace}")
-    return [MlxEngine(ring_secret=secret)]
+    return [MlxEngine(ring_secret=secret, batch=config.batch)]
 
 
 @hookimpl

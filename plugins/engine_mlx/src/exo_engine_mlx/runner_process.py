@@ -113,14 +113,16 @@ def serve(conn: Connection, launch: Launch) -> int:
     # The ranks of a group must step alike: each asks its own part, the group takes the
     # answer any rank needs (a pipeline rank's slice may hold no recurrent or unbatchable cache).
     recurrent, unbatchable = has_recurrent_state(model), not can_batch(model)
+    one_at_a_time = options.max_concurrent == 1  # `exo --no-batch` on this rank's node
     if group is not None:
         with watchdog.guard("agreeing on how to generate", options.group_step_timeout_s):
             recurrent = any_rank(group, recurrent)
             unbatchable = any_rank(group, unbatchable)
+            one_at_a_time = any_rank(group, one_at_a_time)
     engine = BatchEngine(
         model,
         tokenizer,
-        max_concurrent=options.max_concurrent,
+        max_concurrent=1 if one_at_a_time else options.max_concurrent,
         prefix_cache=PrefixCache(budget, options.min_prefix_tokens),
         default_max_tokens=options.default_max_tokens,
         context_length=spec.card.context_length,

@@ -61,9 +61,34 @@ def ban_tokens(token_ids: list[int]) -> LogitsProcessor:
     return ban
 
 
-def make_processors(params: SamplingParams) -> list[LogitsProcessor]:
+def output_penalties(presence: float, frequency: float, prompt_tokens: int) -> LogitsProcessor:
+    """OpenAI's presence and frequency penalties: every token the answer holds so far loses
+    `presence` once and `frequency` for each time it occurs.
+
+    Only the answer counts, not the prompt (as OpenAI and vLLM define them; mlx-lm's own
+    penalties look at the last 20 tokens, prompt included). A processor is handed every token
+    in the sequence's cache, the prompt's `prompt_tokens` first."""
+
+    def penalise(tokens: mx.array, logits: mx.array) -> mx.array:
+        generated = tokens.reshape(-1)[prompt_tokens:]
+        if generated.size == 0:
+            return logits
+        counts = mx.zeros((logits.shape[-1],), dtype=mx.float32).at[generated].add(1.0)
+        penalty = counts * frequency + (counts > 0).astype(mx.float32) * presence
+        return (logits - penalty).astype(logits.dtype)
+
+    return penalise
+
+
+def make_processors(params: SamplingParams, *, prompt_tokens: int) -> list[LogitsProcessor]:
+    """The request's logits processors; `prompt_tokens` is the length of its prompt (the
+    context's leading tokens that the presence and frequency penalties leave out)."""
     processors: list[LogitsProcessor] = []
     if params.repetition_penalty is not None and params.repetition_penalty != 1.0:
         context = params.repetition_context_size or DEFAULT_REPETITION_CONTEXT
         processors.append(make_repetition_penalty(params.repetition_penalty, max(1, context)))
+    if params.presence_penalty or params.frequency_penalty:
+        processors.append(
+            output_penalties(params.presence_penalty, params.frequency_penalty, prompt_tokens)
+        )
     return processors

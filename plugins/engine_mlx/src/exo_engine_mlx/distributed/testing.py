@@ -115,11 +115,12 @@ def task(
     max_tokens: int = 16,
     temperature: float = 0.0,
     seed: int | None = None,
+    sampling: SamplingParams | None = None,
 ) -> Task:
     params = GenerationParams(
         messages=(ChatMessage(role="user", content=content),),
         max_tokens=max_tokens,
-        sampling=SamplingParams(temperature=temperature, seed=seed),
+        sampling=sampling or SamplingParams(temperature=temperature, seed=seed),
     )
     return Task(
         task_id=TaskId(task_id),
@@ -144,6 +145,8 @@ class RunnerGroup:
     ranks: Sequence[int] | None = None  # start only these ranks (to leave a peer missing)
     # Variables for one rank's environment only (such as another ring token).
     rank_env: Mapping[int, Mapping[str, str]] = field(default_factory=dict)
+    # Options for one rank only (its node started with other flags, such as `--no-batch`).
+    rank_options: Mapping[int, RunnerOptions] = field(default_factory=dict)
     statuses: dict[int, list[tuple[RunnerStatus, str | None]]] = field(default_factory=dict)
     died: dict[int, BaseException] = field(default_factory=dict)
     runners: dict[int, MlxRunner] = field(default_factory=dict)
@@ -158,7 +161,9 @@ class RunnerGroup:
         for rank in self.ranks if self.ranks is not None else range(len(self.specs)):
             spec = self.specs[rank]
             self.runners[rank] = MlxRunner(
-                spec, self.options, {**env, **self.rank_env.get(rank, {})}
+                spec,
+                self.rank_options.get(rank, self.options),
+                {**env, **self.rank_env.get(rank, {})},
             )
             self.statuses[rank] = []
             self._portal.start_task_soon(self._serve, rank)
