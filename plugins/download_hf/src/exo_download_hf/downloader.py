@@ -61,8 +61,9 @@ def wanted_files(files: tuple[RemoteFile, ...], trust_remote_code: bool) -> list
     out = []
     for f in files:
         parts = PurePosixPath(f.path).parts
-        # The hub names the paths; never let one climb out of the model directory.
-        if f.path.startswith("/") or ".." in parts or not parts:
+        # The hub names the paths; never let one climb out of the model directory, nor land
+        # in this plugin's bookkeeping (a repo's `.exo/manifest.json` would pass as ours).
+        if f.path.startswith("/") or ".." in parts or not parts or parts[0] == BOOKKEEPING:
             continue
         if any(fnmatch.fnmatch(f.path, p) for p in patterns):
             out.append(f)
