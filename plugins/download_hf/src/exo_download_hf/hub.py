@@ -21,13 +21,19 @@ from huggingface_hub import HfApi, constants, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     OfflineModeIsEnabled,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import ModelInfo
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import (
+    build_hf_headers,
+    get_session,
+    hf_raise_for_status,
+    validate_repo_id,
+)
 
 from exo_core.plugin import public_message
 from exo_download_hf.verify import ExpectedHash
@@ -49,6 +55,25 @@ class HubNotFound(HubError):
 
 class HubDenied(HubError):
     status = 403
+
+
+class HubInvalid(HubError):
+    """A repo id the hub does not allow: refused before any request."""
+
+    status = 422
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id`, when the hub allows it: ASCII (checked first: huggingface_hub's own check
+    takes any Unicode letter, and its requests then fail), `name` or `org/name`, no `--` or
+    `..`. Raises `HubInvalid`."""
+    if not repo_id.isascii():
+        raise HubInvalid(f"'{repo_id}' is not a hub repo id: it has non-ASCII characters")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise HubInvalid(f"'{repo_id}' is not a hub repo id: {e}") from e
+    return repo_id
 
 
 class HubUnreachable(HubError):
@@ -135,6 +160,7 @@ class HubClient:
 
     def snapshot(self, repo_id: str, revision: str = "main") -> RepoSnapshot:
         """The repo's files with sizes and hashes, at the commit `revision` resolves to now."""
+        check_repo_id(repo_id)
         with self._translated(repo_id):
             info = self.api.model_info(
                 repo_id, revision=revision, files_metadata=True, timeout=READ_TIMEOUT_S
@@ -146,6 +172,7 @@ class HubClient:
 
     def read_text(self, repo_id: str, path: str, revision: str = "main") -> str:
         """A small text file of the repo (such as config.json), without caching it anywhere."""
+        check_repo_id(repo_id)
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         with self._translated(f"{repo_id}/{path}"):
             response = get_session().get(
@@ -173,6 +200,7 @@ class HubClient:
         Only network and hub errors are translated: what the caller raises while consuming the
         body (a full disk, a cancellation) reaches it unchanged."""
         what = f"{repo_id}/{path}"
+        check_repo_id(repo_id)
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         headers = build_hf_headers(token=self._token)
         # Ranges count raw bytes: a compressed body would make offsets meaningless.

@@ -34,8 +34,9 @@ from exo_download_hf.chat_format import ChatFormat, detect
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient, HubError, RepoSnapshot
 
-# A hub repo id: `name` or `org/name`, letters, digits, `-`, `_`, `.`.
-REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+# A hub repo id: `name` or `org/name`, ASCII letters, digits, `-`, `_`, `.` (the hub's further
+# rules are `hub.check_repo_id`'s).
+REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$", re.ASCII)
 # How long an API call waits for its own event to be applied locally, so that the next read
 # (GET /models) already sees it.
 
