@@ -43,6 +43,7 @@ from exo_download_hf.hub import (
     RemoteFile,
     RepoSnapshot,
 )
+from exo_download_hf.lookups import HubLookups
 from exo_download_hf.progress import Cancelled, SpeedMeter, Tally
 from exo_download_hf.store import FileRecord, Manifest, ModelStore
 from exo_download_hf.verify import HashMismatch, verify_file
@@ -89,6 +90,8 @@ class HfDownloader(Downloader):
         self.free_space = free_space
         self._locks: dict[str, anyio.Lock] = {}
         self._active: dict[str, Tally] = {}
+        # The API's hub look-ups (search, adding a card), on threads of their own.
+        self.lookups = HubLookups()
 
     # -- finding --------------------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ from exo_download_hf.verify import ExpectedHash
 # Seconds to wait for the first byte, and between bytes, before a ranged GET is retried.
 READ_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+# A look-up for the API (search, a repo's files): connect, and between bytes.
+LOOKUP_TIMEOUT_S = 10.0
 
 
 class HubError(Exception):
@@ -158,12 +160,14 @@ class HubClient:
                 f"{what}: cannot reach the hub at {self.endpoint}: {public_message(e)}"
             ) from e
 
-    def snapshot(self, repo_id: str, revision: str = "main") -> RepoSnapshot:
+    def snapshot(
+        self, repo_id: str, revision: str = "main", timeout: float = READ_TIMEOUT_S
+    ) -> RepoSnapshot:
         """The repo's files with sizes and hashes, at the commit `revision` resolves to now."""
         check_repo_id(repo_id)
         with self._translated(repo_id):
             info = self.api.model_info(
-                repo_id, revision=revision, files_metadata=True, timeout=READ_TIMEOUT_S
+                repo_id, revision=revision, files_metadata=True, timeout=timeout
             )
         files = [f for s in info.siblings or [] if (f := _remote_file(s)) is not None]
         if not info.sha:
@@ -189,9 +193,28 @@ class HubClient:
         except ValueError as e:
             raise HubError(f"{repo_id}/{path} is not valid JSON: {e}") from e
 
-    def search(self, query: str, limit: int) -> list[ModelInfo]:
-        with self._translated(f"search '{query}'"):
-            return list(self.api.list_models(search=query or None, limit=limit))
+    def search(self, query: str, limit: int, timeout: float = LOOKUP_TIMEOUT_S) -> list[ModelInfo]:
+        """Models whose id contains `query`, most downloaded first. One GET with a timeout
+        (huggingface_hub's `list_models` takes none, and retries for a minute)."""
+        params: dict[str, Any] = {"limit": limit}
+        if query:
+            params["search"] = query
+        what = f"search '{query}'"
+        with self._translated(what):
+            response = get_session().get(
+                f"{self.endpoint}/api/models",
+                params=params,
+                headers=build_hf_headers(token=self._token),
+                timeout=timeout,
+            )
+            hf_raise_for_status(response)
+        try:
+            items = response.json()
+        except ValueError as e:
+            raise HubError(f"{what}: the hub's answer is not JSON: {e}") from e
+        if not isinstance(items, list):
+            raise HubError(f"{what}: the hub's answer is not a list")
+        return [ModelInfo(**item) for item in items if isinstance(item, dict)]  # pyright: ignore[reportUnknownArgumentType]
 
     @contextlib.contextmanager
     def open_range(self, repo_id: str, path: str, revision: str, start: int) -> Iterator[RangeBody]:
