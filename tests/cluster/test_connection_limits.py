@@ -6,7 +6,7 @@
   once they close.
 - A client that never finishes its headers (slowloris) is cut off within 30 s, with a 408.
 - Connections beyond the cap are refused with a 503 at once, and served again once others
-  close.
+  close; an idle kept-alive connection is closed after `KEEP_ALIVE_S`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_core.api.connections import HEADER_TIMEOUT_S, connection_cap
+from exo_core.api.connections import HEADER_TIMEOUT_S, KEEP_ALIVE_S, connection_cap
 from exo_core.testing.harness import RunningNode, running_node
 from exo_core.testing.processes import exo_processes, wait_until
 
@@ -137,6 +137,19 @@ def test_connections_beyond_the_cap_are_refused_with_a_503_and_served_once_other
         for s in idle:
             s.close()
     wait_until(lambda: httpx.get(f"{node.url}/healthz", timeout=5).status_code == 200, 10)
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_time(
+    node: RunningNode,
+) -> None:
+    port = int(node.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        s.settimeout(KEEP_ALIVE_S + 10)  # a recv that waits longer raises: not closed
+        while s.recv(65536):  # the rest of the answer, then the node's close
+            pass
 
 
 @pytest.mark.parametrize(
