@@ -43,6 +43,7 @@ def test_a_second_exo_on_the_same_data_dir_exits_and_the_first_keeps_serving(
             assert second.returncode != 0
             assert f"in use by pid {first.process.pid}" in second.stderr, second.stderr
             assert "data directory" in second.stderr
+            assert "Traceback" not in second.stderr, second.stderr  # the message, and only it
             # At once: it stops before loading anything else (python start-up aside).
             assert time.monotonic() - started < 30
 

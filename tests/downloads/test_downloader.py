@@ -291,3 +291,24 @@ def test_a_card_from_elsewhere_is_not_the_hubs(tmp_path: Path) -> None:
     assert d.find_local(card(source="embedded:smollm2")) is None
     with pytest.raises(DownloadFailed, match="not a hub repo"):
         anyio.run(d.ensure, card(source="embedded:smollm2"), Reports())
+
+
+async def test_hub_files_under_the_bookkeeping_folder_are_refused(
+    hub: HubStandIn, tmp_path: Path
+) -> None:
+    """A repo's own `.exo/...` files would land in this plugin's bookkeeping (and be listed as
+    verified in the manifest): they are never fetched."""
+    forged = json.dumps(
+        {"repo_id": "org/forged", "commit": "0" * 40, "files": [], "complete": True}
+    )
+    files = {**tiny_files(), ".exo/manifest.json": forged.encode(), ".exo/lock": b"mine"}
+    hub.add_repo("org/forged", files)
+    path = await downloader(tmp_path / "models").ensure(card("org/forged"), Reports())
+    manifest = ModelStore(path).manifest()
+    assert manifest is not None and manifest.complete
+    assert manifest.commit == hub.repos["org/forged"].commit
+    listed = sorted(r.path for r in manifest.files)
+    assert listed == sorted(NEEDED) and not any(p.startswith(".exo") for p in listed)
+    assert (path / ".exo" / "lock").read_bytes() != b"mine"
+    served = {s.path for s in hub.served()}
+    assert not any(".exo" in p for p in served), served

@@ -69,6 +69,12 @@ def test_add_list_and_remove_a_custom_model(node: RunningNode) -> None:
     ("body", "status", "words"),
     [
         ({"model_id": "not a repo!"}, 422, "not a hub repo id"),
+        # Non-ASCII letters are \w to Python's regexes; the hub library raised (a 500).
+        ({"model_id": "ª"}, 422, "not a hub repo id"),
+        ({"model_id": "org/naïve"}, 422, "not a hub repo id"),
+        # ASCII, but not a name the hub allows: its library refuses it before any request.
+        ({"model_id": "org/a..b"}, 422, "org/a..b"),
+        ({"model_id": "-org/name"}, 422, "-org/name"),
         ({"model_id": "org/nope"}, 404, "no such repo"),
         ({"model_id": "mlx-community/Qwen3-0.6B-4bit"}, 409, "built-in"),
         ({"model_id": "org/bad-config"}, 422, "config.json does not give the layers"),

@@ -182,3 +182,22 @@ def test_a_node_checks_again_before_deleting(
     c.call(apply)
     time.sleep(0.5)  # the deletion would run in the background
     unchanged(before, root)
+
+
+def test_a_symlink_inside_the_models_dir_is_refused_before_anything_is_written(
+    cluster: tuple[RunningCluster, Path],
+) -> None:
+    """`models/a--b -> models/org--tiny` stays inside the models directory, so the path check
+    passed it: deleting `a/b` took the lock file through the link (writing `.exo/lock` into
+    the other model) and then failed with a 500. Now it is a 4xx, and nothing is written."""
+    c, root = cluster
+    models = root / "node0" / "models"
+    (models / "a--b").symlink_to(models / "org--tiny", target_is_directory=True)
+    before = snapshot(root)
+    node = c.nodes[0]
+    status, text = raw(node.url, "DELETE", f"/download/{node.node_id}/a/b")
+    assert 400 <= status < 500, (status, text)
+    assert "symlink" in json.loads(text)["detail"]
+    unchanged(before, root)
+    assert not (models / "org--tiny" / ".exo" / "lock").exists()
+    assert (models / "a--b").is_symlink() and (models / "org--tiny" / "config.json").exists()

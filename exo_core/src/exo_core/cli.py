@@ -33,6 +33,8 @@ def _add_http_options(parser: argparse.ArgumentParser) -> None:
         metavar="ORIGIN", help="a web origin allowed to call the API (repeatable; CORS is off by default)")  # fmt: skip
     http.add_argument("--allowed-host", action="append", default=_peers(os.environ.get("EXO_ALLOWED_HOSTS", "")),
         metavar="NAME", help="a host name the API answers to besides IPs, localhost and this machine's name")  # fmt: skip
+    http.add_argument("--max-connections", type=int, default=1000, metavar="N",
+        help="the most API connections held at once (lowered to fit the open-file limit); more are refused with 503")  # fmt: skip
 
 
 def core_parser() -> argparse.ArgumentParser:
@@ -139,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         api_key=args.api_key,
         cors_origins=args.cors_origin,
         allowed_hosts=args.allowed_host,
+        max_connections=args.max_connections,
         plugin_options={k: v for k, v in vars(args).items() if k not in core_dests()},
     )
 

@@ -66,6 +66,9 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     api_key: str = ""
     cors_origins: list[str] = msgspec.field(default_factory=list)
     allowed_hosts: list[str] = msgspec.field(default_factory=list)
+    # The most API connections held at once (lowered to fit the open-file limit); those
+    # beyond it are refused with a 503 (see exo_core.api.connections).
+    max_connections: int = 1000
     # Options that plugins added to the command line, by argparse dest.
     plugin_options: dict[str, Any] = msgspec.field(default_factory=dict)
 

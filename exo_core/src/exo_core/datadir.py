@@ -22,6 +22,9 @@ class DataDirInUse(RuntimeError):
 
 
 class DataDirLock:
+    # Set before anything can fail, so that `__del__` of a lock never taken finds it.
+    _fd: int | None = None
+
     def __init__(self, data_dir: Path) -> None:
         """Take the lock, or raise `DataDirInUse` at once."""
         self.data_dir = data_dir
@@ -42,7 +45,7 @@ class DataDirLock:
             raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd: int | None = fd
+        self._fd = fd
 
     @property
     def held(self) -> bool:

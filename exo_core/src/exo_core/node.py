@@ -7,6 +7,7 @@ runner -> chunks -> (data plane) -> the node whose API holds the caller's reques
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 import uuid
 from collections import Counter
@@ -65,6 +66,7 @@ from exo_core.service import GenerationService
 from exo_core.snapshot import Snapshot, SnapshotStore
 from exo_core.start_model import place_at_start
 from exo_core.state import State, Task, TaskStatus
+from exo_core.supervise import essential, keep_running
 from exo_core.telemetry import gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
     PeerDisconnected,
@@ -385,16 +387,18 @@ class Node:
                 self.transport.set_request_handler(self._answer)
                 await self.transport.subscribe(EVENTS_TOPIC)
                 await self.transport.subscribe(ELECTION_TOPIC)
-                tg.start_soon(self._receive)
-                tg.start_soon(self.election.run)
-                tg.start_soon(self._catch_up_loop)
-                tg.start_soon(self._telemetry_loop)
+                # No background task ends the node by raising (see exo_core.supervise).
+                tg.start_soon(keep_running, "receiving from peers", self._receive)
+                tg.start_soon(keep_running, "the election", self.election.run)
+                tg.start_soon(keep_running, "catching up", self._catch_up_loop)
+                tg.start_soon(keep_running, "telemetry", self._telemetry_loop)
                 if self.worker is not None:
-                    tg.start_soon(self.worker.run)
+                    tg.start_soon(essential, "the worker", self.worker.run)
                 for job in extra:
-                    tg.start_soon(job)
+                    tg.start_soon(essential, "the API", job)
                 if self.config.start_model:
-                    tg.start_soon(place_at_start, self, self.config.start_model)
+                    place = functools.partial(place_at_start, self, self.config.start_model)
+                    tg.start_soon(keep_running, "placing the -m model", place)
                 self.ready.set()
         finally:
             with anyio.CancelScope(shield=True):

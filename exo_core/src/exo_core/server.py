@@ -12,6 +12,15 @@ import uvicorn
 from loguru import logger
 
 from exo_core.api.app import create_app
+from exo_core.api.connections import (
+    HEADER_TIMEOUT_S,
+    KEEP_ALIVE_S,
+    bounded_protocol,
+    connection_cap,
+    listening_socket,
+    quiet_asyncio_accept_failures,
+    raise_open_file_limit,
+)
 from exo_core.config import NodeConfig
 from exo_core.datadir import DataDirLock
 from exo_core.node import Node
@@ -31,23 +40,30 @@ class _Uvicorn(uvicorn.Server):
 async def serve_api(node: Node) -> None:
     config = node.config
     app = create_app(node)
-    server = _Uvicorn(
-        uvicorn.Config(
-            app,
-            host=config.api_host,
-            port=config.api_port,
-            log_config=None,
-            timeout_graceful_shutdown=2,
-            lifespan="on",
-        )
+    # Connections are bounded (see exo_core.api.connections): a cap below the open-file limit,
+    # a header-read timeout and a short keep-alive.
+    cap = connection_cap(config.max_connections, raise_open_file_limit())
+    quiet_asyncio_accept_failures()
+    uv_config = uvicorn.Config(
+        app,
+        host=config.api_host,
+        port=config.api_port,
+        log_config=None,
+        timeout_graceful_shutdown=2,
+        lifespan="on",
+        http=bounded_protocol(HEADER_TIMEOUT_S),
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
+    server = _Uvicorn(uv_config)
     failed: list[BaseException] = []
 
     async def serve() -> None:
         # Shielded: on cancellation uvicorn is asked to exit and closes its connections itself.
         with anyio.CancelScope(shield=True):
             try:
-                await server.serve()
+                sock = listening_socket(uv_config.bind_socket(), cap)
+                sock.set_inheritable(False)  # runners must not hold the API's port
+                await server.serve(sockets=[sock])
             except (SystemExit, OSError) as e:  # uvicorn exits when it cannot bind
                 failed.append(e)
 

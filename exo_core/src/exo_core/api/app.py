@@ -9,9 +9,10 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
-from exo_core.api.errors import on_http_error, on_validation_error
+from exo_core.api.errors import on_http_error, on_unexpected, on_validation_error
 from exo_core.api.exo_routes import ExoRoutesController
 from exo_core.api.native import NativeController
+from exo_core.api.request_ids import send_request_id
 from exo_core.api.security import HttpPolicy, cors_config, guards, host_guard_middleware
 from exo_core.metrics import metrics_middleware
 from exo_core.node import Node
@@ -68,7 +69,9 @@ def _app(node: Node, handlers: list[Any]) -> Litestar:
         exception_handlers={
             ValidationException: on_validation_error,
             HTTPException: on_http_error,
+            Exception: on_unexpected,
         },
+        before_send=[send_request_id],
         cors_config=cors_config(policy),
         guards=guards(policy),
         middleware=[metrics_middleware(node.metrics), host_guard_middleware(policy)],

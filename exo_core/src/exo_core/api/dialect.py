@@ -51,6 +51,8 @@ from litestar.response.base import ASGIResponse
 from litestar.types import ExceptionHandlersMap, Method, Receive, Scope, Send
 from loguru import logger
 
+from exo_core.api.errors import INTERNAL_ERROR
+from exo_core.api.request_ids import log_server_error
 from exo_core.generation import Chunk, FinishChunk, FinishReason, KeepAliveChunk
 from exo_core.redact import public_message
 from exo_core.service import GenerationError, InvalidRequest
@@ -113,9 +115,6 @@ exception is what was raised (a `GenerationError`, a Litestar `HTTPException`, o
 dialects whose errors carry a code."""
 
 
-# The body of a 500 for a bug: what failed is in the node's log, not in the answer.
-INTERNAL_ERROR = "the node failed to handle this request (see its log for details)"
-
 # Why a collected generation has no finish chunk (its stream ended early).
 UNFINISHED = "the generation ended without finishing"
 
@@ -145,19 +144,23 @@ def exception_handlers(error_body: ErrorBody) -> ExceptionHandlersMap:
     `GenerationError`s with their status, Litestar's HTTP errors (404, 405, 413, validation)
     with theirs, and anything else as a logged 500."""
 
-    def respond(status: int, message: str, exc: Exception) -> Response[Any]:
-        return Response(error_body(status, message, exc), status_code=status)
+    def respond(request: AnyRequest, status: int, message: str, exc: Exception) -> Response[Any]:
+        body = error_body(status, message, exc)
+        if status >= 500:  # logged with its traceback, under the id the caller is given
+            rid = log_server_error(request.scope, status, exc)
+            if isinstance(body, dict):  # beside the dialect's own fields, as Anthropic's API has it
+                body = {**body, "request_id": rid}
+        return Response(body, status_code=status)
 
-    def on_generation_error(_: AnyRequest, exc: GenerationError) -> Response[Any]:
-        return respond(exc.status, exc.message, exc)
+    def on_generation_error(request: AnyRequest, exc: GenerationError) -> Response[Any]:
+        return respond(request, exc.status, exc.message, exc)
 
-    def on_http_error(_: AnyRequest, exc: HTTPException) -> Response[Any]:
-        return respond(exc.status_code, exc.detail, exc)
+    def on_http_error(request: AnyRequest, exc: HTTPException) -> Response[Any]:
+        return respond(request, exc.status_code, exc.detail, exc)
 
     def on_unexpected(request: AnyRequest, exc: Exception) -> Response[Any]:
         # A bug: the trace goes to the log, the caller learns only that the node failed.
-        logger.opt(exception=exc).error(f"{request.method} {request.url.path} failed")
-        return respond(500, INTERNAL_ERROR, exc)
+        return respond(request, 500, INTERNAL_ERROR, exc)
 
     # ValidationException is listed itself: the app maps it to the native shape, and a handler
     # for the exact class would win over ours for its base class.

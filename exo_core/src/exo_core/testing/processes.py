@@ -43,13 +43,17 @@ class ExoProcess:
     def bootstrap_addr(self) -> str:
         return f"/ip4/127.0.0.1/tcp/{self.libp2p_port}"
 
-    def start(self, env: dict[str, str] | None = None) -> None:
+    def start(
+        self, env: dict[str, str] | None = None, preexec: Callable[[], None] | None = None
+    ) -> None:
+        """Start the process; `preexec` runs in the child before exo (e.g. to set limits)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child writes it until it ends)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "exo_core.cli", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            preexec_fn=preexec,
         )
 
     def alive(self) -> bool:
@@ -122,10 +126,12 @@ def exo_processes(
     env: dict[str, str] | None = None,
     namespace: str = "test-cluster",
     after_start: Callable[[ExoProcess], None] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> Iterator[list[ExoProcess]]:
     """`count` exo processes over libp2p on loopback, each bootstrapped to the ones before it.
     `after_start` is called with each node once it is started, before the next one starts
-    (e.g. to let a node become master before the others join)."""
+    (e.g. to let a node become master before the others join); `preexec` runs in each child
+    before exo starts (e.g. `resource.setrlimit`)."""
     nodes: list[ExoProcess] = []
     try:
         for i in range(count):
@@ -142,7 +148,7 @@ def exo_processes(
             if i < len(extra_args):
                 args += list(extra_args[i])
             node = ExoProcess(i, api_port, libp2p_port, data, args, root / f"node{i}.log")
-            node.start(env)
+            node.start(env, preexec)
             nodes.append(node)
             if after_start is not None:
                 after_start(node)

@@ -90,9 +90,15 @@ class ModelDirs:
     def writable_candidates(self, repo_id: str) -> list[Path]:
         """Where this repo's directory is, or would be, in each writable directory.
 
-        Raises `UnsafeModelPath` for a repo id that could lead out of them."""
+        Raises `UnsafeModelPath` for a repo id that could lead out of them, and for one whose
+        directory is a symlink: exo writes and deletes only its own directories, never through
+        a link (`a--b -> other` would take its lock file and deletion to another model)."""
         check_model_id(repo_id)
-        return [model_path(d, dir_name(repo_id)) for d in self.writable]
+        found = [model_path(d, dir_name(repo_id)) for d in self.writable]
+        for path in found:
+            if path.is_symlink():
+                raise UnsafeModelPath(f"{path} is a symlink: exo writes only its own directories")
+        return found
 
     def read_only_candidates(self, repo_id: str) -> list[Path]:
         """Read-only directories may hold models laid out by exo (`org--name`) or by hand

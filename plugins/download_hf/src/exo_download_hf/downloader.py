@@ -43,6 +43,7 @@ from exo_download_hf.hub import (
     RemoteFile,
     RepoSnapshot,
 )
+from exo_download_hf.lookups import HubLookups
 from exo_download_hf.progress import Cancelled, SpeedMeter, Tally
 from exo_download_hf.store import FileRecord, Manifest, ModelStore
 from exo_download_hf.verify import HashMismatch, verify_file
@@ -61,8 +62,9 @@ def wanted_files(files: tuple[RemoteFile, ...], trust_remote_code: bool) -> list
     out = []
     for f in files:
         parts = PurePosixPath(f.path).parts
-        # The hub names the paths; never let one climb out of the model directory.
-        if f.path.startswith("/") or ".." in parts or not parts:
+        # The hub names the paths; never let one climb out of the model directory, nor land
+        # in this plugin's bookkeeping (a repo's `.exo/manifest.json` would pass as ours).
+        if f.path.startswith("/") or ".." in parts or not parts or parts[0] == BOOKKEEPING:
             continue
         if any(fnmatch.fnmatch(f.path, p) for p in patterns):
             out.append(f)
@@ -88,6 +90,8 @@ class HfDownloader(Downloader):
         self.free_space = free_space
         self._locks: dict[str, anyio.Lock] = {}
         self._active: dict[str, Tally] = {}
+        # The API's hub look-ups (search, adding a card), on threads of their own.
+        self.lookups = HubLookups()
 
     # -- finding --------------------------------------------------------------------------------
 

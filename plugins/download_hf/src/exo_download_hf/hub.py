@@ -21,13 +21,19 @@ from huggingface_hub import HfApi, constants, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    HFValidationError,
     OfflineModeIsEnabled,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 from huggingface_hub.hf_api import ModelInfo
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import (
+    build_hf_headers,
+    get_session,
+    hf_raise_for_status,
+    validate_repo_id,
+)
 
 from exo_core.plugin import public_message
 from exo_download_hf.verify import ExpectedHash
@@ -35,6 +41,8 @@ from exo_download_hf.verify import ExpectedHash
 # Seconds to wait for the first byte, and between bytes, before a ranged GET is retried.
 READ_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+# A look-up for the API (search, a repo's files): connect, and between bytes.
+LOOKUP_TIMEOUT_S = 10.0
 
 
 class HubError(Exception):
@@ -49,6 +57,25 @@ class HubNotFound(HubError):
 
 class HubDenied(HubError):
     status = 403
+
+
+class HubInvalid(HubError):
+    """A repo id the hub does not allow: refused before any request."""
+
+    status = 422
+
+
+def check_repo_id(repo_id: str) -> str:
+    """`repo_id`, when the hub allows it: ASCII (checked first: huggingface_hub's own check
+    takes any Unicode letter, and its requests then fail), `name` or `org/name`, no `--` or
+    `..`. Raises `HubInvalid`."""
+    if not repo_id.isascii():
+        raise HubInvalid(f"'{repo_id}' is not a hub repo id: it has non-ASCII characters")
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise HubInvalid(f"'{repo_id}' is not a hub repo id: {e}") from e
+    return repo_id
 
 
 class HubUnreachable(HubError):
@@ -133,11 +160,14 @@ class HubClient:
                 f"{what}: cannot reach the hub at {self.endpoint}: {public_message(e)}"
             ) from e
 
-    def snapshot(self, repo_id: str, revision: str = "main") -> RepoSnapshot:
+    def snapshot(
+        self, repo_id: str, revision: str = "main", timeout: float = READ_TIMEOUT_S
+    ) -> RepoSnapshot:
         """The repo's files with sizes and hashes, at the commit `revision` resolves to now."""
+        check_repo_id(repo_id)
         with self._translated(repo_id):
             info = self.api.model_info(
-                repo_id, revision=revision, files_metadata=True, timeout=READ_TIMEOUT_S
+                repo_id, revision=revision, files_metadata=True, timeout=timeout
             )
         files = [f for s in info.siblings or [] if (f := _remote_file(s)) is not None]
         if not info.sha:
@@ -146,6 +176,7 @@ class HubClient:
 
     def read_text(self, repo_id: str, path: str, revision: str = "main") -> str:
         """A small text file of the repo (such as config.json), without caching it anywhere."""
+        check_repo_id(repo_id)
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         with self._translated(f"{repo_id}/{path}"):
             response = get_session().get(
@@ -162,9 +193,28 @@ class HubClient:
         except ValueError as e:
             raise HubError(f"{repo_id}/{path} is not valid JSON: {e}") from e
 
-    def search(self, query: str, limit: int) -> list[ModelInfo]:
-        with self._translated(f"search '{query}'"):
-            return list(self.api.list_models(search=query or None, limit=limit))
+    def search(self, query: str, limit: int, timeout: float = LOOKUP_TIMEOUT_S) -> list[ModelInfo]:
+        """Models whose id contains `query`, most downloaded first. One GET with a timeout
+        (huggingface_hub's `list_models` takes none, and retries for a minute)."""
+        params: dict[str, Any] = {"limit": limit}
+        if query:
+            params["search"] = query
+        what = f"search '{query}'"
+        with self._translated(what):
+            response = get_session().get(
+                f"{self.endpoint}/api/models",
+                params=params,
+                headers=build_hf_headers(token=self._token),
+                timeout=timeout,
+            )
+            hf_raise_for_status(response)
+        try:
+            items = response.json()
+        except ValueError as e:
+            raise HubError(f"{what}: the hub's answer is not JSON: {e}") from e
+        if not isinstance(items, list):
+            raise HubError(f"{what}: the hub's answer is not a list")
+        return [ModelInfo(**item) for item in items if isinstance(item, dict)]  # pyright: ignore[reportUnknownArgumentType]
 
     @contextlib.contextmanager
     def open_range(self, repo_id: str, path: str, revision: str, start: int) -> Iterator[RangeBody]:
@@ -173,6 +223,7 @@ class HubClient:
         Only network and hub errors are translated: what the caller raises while consuming the
         body (a full disk, a cancellation) reaches it unchanged."""
         what = f"{repo_id}/{path}"
+        check_repo_id(repo_id)
         url = hf_hub_url(repo_id, path, revision=revision, endpoint=self.endpoint)
         headers = build_hf_headers(token=self._token)
         # Ranges count raw bytes: a compressed body would make offsets meaningless.

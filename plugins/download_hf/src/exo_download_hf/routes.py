@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import unquote
 
-import anyio.to_thread
 import msgspec
 from litestar import Request, Response, Router, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
@@ -33,10 +32,12 @@ from exo_core.plugin import (
 from exo_download_hf.cards import CardError, card_from_config, ref_for
 from exo_download_hf.chat_format import ChatFormat, detect
 from exo_download_hf.downloader import HfDownloader
-from exo_download_hf.hub import HubClient, HubError, RepoSnapshot
+from exo_download_hf.hub import LOOKUP_TIMEOUT_S, HubClient, HubError, RepoSnapshot
+from exo_download_hf.lookups import HubLookups
 
-# A hub repo id: `name` or `org/name`, letters, digits, `-`, `_`, `.`.
-REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+# A hub repo id: `name` or `org/name`, ASCII letters, digits, `-`, `_`, `.` (the hub's further
+# rules are `hub.check_repo_id`'s).
+REPO_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$", re.ASCII)
 # How long an API call waits for its own event to be applied locally, so that the next read
 # (GET /models) already sees it.
 
@@ -48,6 +49,16 @@ class AddModelBody(msgspec.Struct, forbid_unknown_fields=True):
 def _hub(node: NodeContext) -> HubClient:
     downloader = node.downloader
     return downloader.hub if isinstance(downloader, HfDownloader) else HubClient()
+
+
+# For a node whose downloader is not this plugin's (its routes still search the hub).
+_OTHER_LOOKUPS = HubLookups()
+
+
+def _lookups(node: NodeContext) -> HubLookups:
+    """The node's own pool for hub look-ups (see `exo_download_hf.lookups`)."""
+    downloader = node.downloader
+    return downloader.lookups if isinstance(downloader, HfDownloader) else _OTHER_LOOKUPS
 
 
 def _offline(node: NodeContext) -> Response[Any] | None:
@@ -102,14 +113,14 @@ async def add_model(node: InjectedNode, data: JSONBody[AddModelBody]) -> Respons
     hub = _hub(node)
 
     def build() -> Any:
-        snapshot = hub.snapshot(repo_id)
+        snapshot = hub.snapshot(repo_id, timeout=LOOKUP_TIMEOUT_S)
         config = hub.read_json(repo_id, "config.json", snapshot.commit)
         if not isinstance(config, dict):
             raise CardError(f"{repo_id}: config.json is not a JSON object")
         return card_from_config(repo_id, config, snapshot.files, _chat_format(hub, snapshot))
 
     try:
-        card = await anyio.to_thread.run_sync(build)
+        card = await _lookups(node).run(f"adding {repo_id}", build)
     except HubError as e:
         return native_error(e.status, str(e))
     except CardError as e:
@@ -142,7 +153,7 @@ async def search_models(
         return refused
     hub = _hub(node)
     try:
-        found = await anyio.to_thread.run_sync(lambda: hub.search(text, limit))
+        found = await _lookups(node).run(f"search '{text}'", lambda: hub.search(text, limit))
     except HubError as e:
         return native_error(e.status, str(e))
     known = node.cards()
