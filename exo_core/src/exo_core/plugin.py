@@ -94,6 +94,7 @@ from exo_core.generation import (
 )
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId, new_id
+from exo_core.image_inputs import ImageInputError, decode_data_url
 from exo_core.images import ImageFormat, ImageRequest, InvalidImageRequest, parse_size
 from exo_core.model_cards import (
     MAX_CARD_CONFIG_BYTES,
@@ -252,6 +253,7 @@ __all__ = [
     "GroupRunner",
     "ImageChunk",
     "ImageFormat",
+    "ImageInputError",
     "ImageRequest",
     "IndexedEvent",
     "InjectedGeneration",
@@ -347,6 +349,7 @@ __all__ = [
     "check_model_id",
     "child_environment",
     "decode_body",
+    "decode_data_url",
     "decode_from_runner",
     "decode_to_runner",
     "derive_key",

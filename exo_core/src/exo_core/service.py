@@ -33,6 +33,7 @@ from exo_core.generation import (
     Usage,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
+from exo_core.image_inputs import ImageInputError, check_images
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, State, Task
@@ -84,8 +85,13 @@ def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None
         check_params(card, params, names)
     except ParamError as e:
         raise InvalidRequest(str(e), param=e.field) from e
-    if any(m.has_images() for m in params.messages) and not card.has(Capability.VISION):
-        raise InvalidRequest(f"model '{card.model_id}' does not accept images")
+    if any(m.has_images() for m in params.messages):
+        if not card.has(Capability.VISION):
+            raise InvalidRequest(f"model '{card.model_id}' does not accept images")
+        try:
+            check_images(params)
+        except ImageInputError as e:
+            raise InvalidRequest(str(e)) from e
 
 
 # The shape of the ids exo hands out (`task-3f9c...`, `chatcmpl-...`, `resp_...`, `msg_...`).

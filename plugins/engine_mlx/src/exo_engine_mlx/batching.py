@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from loguru import logger
@@ -60,6 +60,9 @@ from exo_engine_mlx.sampling import (
     make_sampler,
 )
 from exo_engine_mlx.textstream import TextStream
+
+if TYPE_CHECKING:
+    from exo_engine_mlx.vision.inputs import VisionInputs
 
 
 @dataclass
@@ -193,8 +196,10 @@ class BatchEngine:
         prefill_step_size: int = 2048,
         recurrent: bool | None = None,
         batched: bool | None = None,
+        vision: VisionInputs | None = None,
     ) -> None:
         self.model = model
+        self.vision = vision  # a vision model's images (vision/inputs.py); None: text only
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         self.default_max_tokens = default_max_tokens
@@ -277,8 +282,10 @@ class BatchEngine:
         return min(wanted, room)
 
     def _submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
-        rendered = render(self.tokenizer, params)
+        rendered = render(self.tokenizer, params, multimodal=self.vision is not None)
         tokens = encode(self.tokenizer, params, rendered)
+        if self.vision is not None:
+            tokens = self.vision.expand(tokens, params)
         if params.count_only:
             usage = Usage(prompt_tokens=len(tokens))
             return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
