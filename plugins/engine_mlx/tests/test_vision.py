@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from msgspec.structs import replace
 from PIL import Image
 
 from exo_core.plugin import (
@@ -114,6 +115,13 @@ def test_the_prefix_cache_is_keyed_by_the_image(loaded: Any) -> None:
     assert text_of(other) == fresh[BLUE]
     start = finish_of(other).usage.prompt_tokens
     assert finish_of(other).usage.cached_tokens < start - 6
+
+
+def test_a_repetition_penalty_reads_past_the_image(loaded: Any) -> None:
+    params = ask(RED)
+    sampling = SamplingParams(temperature=0, repetition_penalty=1.5)
+    chunks = run_requests(engine(loaded), {"p": replace(params, sampling=sampling)})["p"]
+    assert finish_of(chunks).usage.completion_tokens == 10
 
 
 def test_a_bad_image_fails_only_its_request(loaded: Any) -> None:

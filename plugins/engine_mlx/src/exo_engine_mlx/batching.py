@@ -294,6 +294,8 @@ class BatchEngine:
         wanted = make_processors(params.sampling)
         if params.ignore_eos:
             wanted.append(ban_tokens(sorted(self._eos)))
+        if self.vision is not None:  # an image's ids are past the logits a penalty indexes
+            wanted = [self.vision.processor(p) for p in wanted]
         processors = [self._guard.processor(task_id, p) for p in wanted]
         parser = family_parser(self.tokenizer, params, rendered)
         cache, cached = (None, 0)

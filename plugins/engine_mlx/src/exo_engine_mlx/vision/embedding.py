@@ -19,17 +19,24 @@ import numpy as np
 
 
 class FeatureStore:
-    def __init__(self, base: int, tokens_per_image: int, capacity: int = 64) -> None:
+    def __init__(
+        self, base: int, tokens_per_image: int, capacity: int = 64, *, embeds: bool = True
+    ) -> None:
         self.base = base  # the first id past the vocabulary
         self.tokens_per_image = tokens_per_image
         self.capacity = capacity
+        # False on a pipeline rank that receives hidden states: it needs the ids (its prefix
+        # cache is keyed by them), never the features.
+        self.embeds = embeds
         self._slots: dict[bytes, int] = {}
         self._features: OrderedDict[int, mx.array] = OrderedDict()
 
     def ids_for(self, digest: bytes, compute: Callable[[], mx.array]) -> list[int]:
         """The image's virtual ids, computing its features unless they are kept."""
         slot = self._slots.setdefault(digest, len(self._slots))
-        if slot in self._features:
+        if not self.embeds:
+            pass
+        elif slot in self._features:
             self._features.move_to_end(slot)
         else:
             features = compute()
@@ -81,3 +88,13 @@ class VisionEmbedding(nn.Module):
 
     def as_linear(self, x: mx.array) -> mx.array:
         return self.base.as_linear(x)
+
+
+def text_ids_only(processor: Callable[[mx.array, mx.array], mx.array], base: int) -> Any:
+    """A logits processor (a repetition penalty) that reads the tokens seen so far, with an
+    image's virtual ids (past the logits) read as token 0: they are no token it could index."""
+
+    def wrapped(tokens: mx.array, logits: mx.array) -> mx.array:
+        return processor(mx.where(tokens >= base, 0, tokens), logits)
+
+    return wrapped

@@ -30,30 +30,13 @@ class Gemma3Vision:
     would give them: Gemma's text model scales embeddings by sqrt(hidden), so the features
     are divided by it first, as mlx-vlm does)."""
 
-    def __init__(self, model_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, model_dir: Path, config: dict[str, Any], *, tower: bool = True) -> None:
+        """`tower=False`: the token layout only (a pipeline rank after the first never embeds,
+        so it never loads the tower)."""
         from mlx_vlm.models.gemma3.config import ModelConfig, TextConfig, VisionConfig
-        from mlx_vlm.models.gemma3.gemma3 import Gemma3MultiModalProjector
-        from mlx_vlm.models.gemma3.vision import VisionModel
 
         text = TextConfig.from_dict(config["text_config"])
         vision = VisionConfig.from_dict(config["vision_config"])
-        cfg = ModelConfig(text_config=text, vision_config=vision, model_type="gemma3")
-        self.tower = VisionModel(vision)
-        self.projector = Gemma3MultiModalProjector(cfg)
-        weights = self.tower.sanitize(_vision_weights(model_dir))
-        tower = {k.removeprefix("vision_tower."): v for k, v in weights.items()}
-        projector = {
-            k.removeprefix("multi_modal_projector."): v
-            for k, v in weights.items()
-            if k.startswith("multi_modal_projector.")
-        }
-        self.tower.load_weights(
-            [(k, v) for k, v in tower.items() if not k.startswith("multi_modal_projector.")]
-        )
-        self.projector.load_weights(list(projector.items()))
-        for module in (self.tower, self.projector):
-            module.apply(lambda x: x.astype(mx.float32))  # the CPU runs float32 fastest
-            mx.eval(module.parameters())
         self.tokens_per_image = int(text.mm_tokens_per_image)
         self.image_size = int(vision.image_size)
         self.scale = float(text.hidden_size) ** -0.5
@@ -62,6 +45,31 @@ class Gemma3Vision:
         pre = _preprocessor(model_dir)
         self.mean = np.array(pre.get("image_mean", DEFAULT_MEAN), np.float32)
         self.std = np.array(pre.get("image_std", DEFAULT_STD), np.float32)
+        if tower:
+            cfg = ModelConfig(text_config=text, vision_config=vision, model_type="gemma3")
+            self._load(model_dir, vision, cfg)
+
+    def _load(self, model_dir: Path, vision: Any, cfg: Any) -> None:
+        from mlx_vlm.models.gemma3.gemma3 import Gemma3MultiModalProjector
+        from mlx_vlm.models.gemma3.vision import VisionModel
+
+        self.tower = VisionModel(vision)
+        self.projector = Gemma3MultiModalProjector(cfg)
+        weights = self.tower.sanitize(_vision_weights(model_dir))
+        prefix = "multi_modal_projector."
+        self.tower.load_weights(
+            [
+                (k.removeprefix("vision_tower."), v)
+                for k, v in weights.items()
+                if not k.startswith(prefix)
+            ]
+        )
+        self.projector.load_weights(
+            [(k.removeprefix(prefix), v) for k, v in weights.items() if k.startswith(prefix)]
+        )
+        for module in (self.tower, self.projector):
+            module.apply(lambda x: x.astype(mx.float32))  # the CPU runs float32 fastest
+            mx.eval(module.parameters())
 
     def pixels(self, image: Image.Image) -> mx.array:
         """(1, H, W, 3) float32: resized to the tower's square, rescaled and normalised."""

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import mlx.core as mx
+import mlx.nn as nn
 from loguru import logger
 from PIL import Image
 
 from exo_core.plugin import GenerationParams, ImageInputError, decode_data_url
 from exo_engine_mlx.prompt import PromptError
-from exo_engine_mlx.vision.embedding import FeatureStore, VisionEmbedding
+from exo_engine_mlx.vision.embedding import FeatureStore, VisionEmbedding, text_ids_only
 
 MAX_IMAGE_BYTES = 64 * 1024 * 1024  # the API checked the caller's limit; this bounds a peer's
 MAX_PIXELS = 64_000_000  # a decompression bomb is refused before it is decoded
@@ -55,6 +56,9 @@ class VisionInputs:
         self.tower = tower
         self.store = store
 
+    def processor(self, processor: Any) -> Any:
+        return text_ids_only(processor, self.store.base)
+
     def expand(self, tokens: list[int], params: GenerationParams) -> list[int]:
         try:
             images = request_images(params)
@@ -88,7 +92,9 @@ def _embedding_owner(model: Any) -> Any:
 
 def attach_vision(model: Any, model_dir: str) -> VisionInputs:
     """Load the vision tower of the model at `model_dir` and route images through the
-    language model's embedding."""
+    language model's embedding. A pipeline rank whose embedding only receives the hidden
+    state from the rank before (any rank but the first) loads no tower: it lays out the same
+    token ids and never reads features."""
     path = Path(model_dir)
     config = json.loads((path / "config.json").read_text())
     model_type = config.get("model_type")
@@ -96,11 +102,16 @@ def attach_vision(model: Any, model_dir: str) -> VisionInputs:
         raise ValueError(f"images are not supported for model_type {model_type!r} yet")
     from exo_engine_mlx.vision.gemma3 import Gemma3Vision
 
-    tower = Gemma3Vision(path, config)
     owner = _embedding_owner(model)
-    base = owner["embed_tokens"]
-    rows = int(getattr(base, "num_embeddings", 0) or base.weight.shape[0])
-    store = FeatureStore(rows, tower.tokens_per_image)
-    owner["embed_tokens"] = VisionEmbedding(base, store)
-    logger.info(f"vision tower loaded: {tower.tokens_per_image} soft tokens an image")
+    base: Any = owner["embed_tokens"]
+    # A real embedding (plain or quantized) holds weights; a later pipeline rank's stand-in
+    # (distributed/pipeline.py's `_Received`) holds none.
+    embeds = isinstance(base, nn.Module) and "weight" in base
+    tower = Gemma3Vision(path, config, tower=embeds)
+    configured = config.get("vocab_size") or config["text_config"].get("vocab_size") or 0
+    rows = int(base.weight.shape[0]) if embeds else 0
+    store = FeatureStore(max(rows, int(configured)), tower.tokens_per_image, embeds=embeds)
+    if embeds:
+        owner["embed_tokens"] = VisionEmbedding(base, store)
+        logger.info(f"vision tower loaded: {tower.tokens_per_image} soft tokens an image")
     return VisionInputs(tower, store)
