@@ -109,7 +109,8 @@ def attach_vision(model: Any, model_dir: str) -> VisionInputs:
     embeds = isinstance(base, nn.Module) and "weight" in base
     tower = Gemma3Vision(path, config, tower=embeds)
     configured = config.get("vocab_size") or config["text_config"].get("vocab_size") or 0
-    rows = int(base.weight.shape[0]) if embeds else 0
+    weight: Any = base["weight"] if embeds else None
+    rows = int(weight.shape[0]) if weight is not None else 0
     store = FeatureStore(max(rows, int(configured)), tower.tokens_per_image, embeds=embeds)
     if embeds:
         owner["embed_tokens"] = VisionEmbedding(base, store)
