@@ -33,7 +33,7 @@ from exo_core.generation import (
     Usage,
 )
 from exo_core.ids import InstanceId, ModelId, TaskId, new_id
-from exo_core.image_inputs import ImageInputError, check_images
+from exo_core.image_inputs import ImageInputError, check_images, inline_image_urls
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, State, Task
@@ -207,6 +207,11 @@ class GenerationService:
         Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
         cancels the task at once."""
         card = self.resolve(model_id)
+        if card.has(Capability.VISION) and any(m.has_images() for m in params.messages):
+            try:
+                params = await inline_image_urls(params)
+            except ImageInputError as e:
+                raise InvalidRequest(str(e)) from e
         validate(card, params, names)
         instance = await self.instance_for(card)
         return self._stream(card, instance.instance_id, params, request_id=request_id)
