@@ -131,3 +131,19 @@ def test_a_bad_image_fails_only_its_request(loaded: Any) -> None:
     assert isinstance(chunk, ErrorChunk) and "could not be decoded" in chunk.message
     assert e.active == 0
     assert answer(e, ask(RED))
+
+
+def test_a_family_without_vision_support_serves_text_and_refuses_images(tmp_path: Path) -> None:
+    from exo_engine_mlx.loading import load_model
+    from exo_engine_mlx.tiny_model import make_tiny_model
+    from exo_engine_mlx.vision.inputs import VisionUnsupported, attach_vision
+
+    path = make_tiny_model(tmp_path / "qwen2-vl", model_type="qwen2_vl")
+    model, tokenizer = load_model(str(path))
+    with pytest.raises(VisionUnsupported):
+        attach_vision(model, str(path))
+    e = BatchEngine(model, tokenizer)
+    (chunk,) = e.submit(TaskId("img"), ask(RED))
+    assert isinstance(chunk, ErrorChunk) and "not supported" in chunk.message
+    text = GenerationParams(messages=(ChatMessage(role="user", content="hi"),), max_tokens=3)
+    assert finish_of(run_requests(e, {"t": text})["t"]).usage.completion_tokens == 3

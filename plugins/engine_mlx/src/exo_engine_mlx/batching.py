@@ -282,6 +282,8 @@ class BatchEngine:
         return min(wanted, room)
 
     def _submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
+        if self.vision is None and any(m.has_images() for m in params.messages):
+            raise PromptError("this model's images are not supported by the MLX engine yet")
         rendered = render(self.tokenizer, params, multimodal=self.vision is not None)
         tokens = encode(self.tokenizer, params, rendered)
         if self.vision is not None:

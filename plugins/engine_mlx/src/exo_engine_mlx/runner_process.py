@@ -112,10 +112,12 @@ def serve(conn: Connection, launch: Launch) -> int:
         return 1
     vision = None
     if Capability.VISION in spec.card.capabilities:
-        from exo_engine_mlx.vision.inputs import attach_vision
+        from exo_engine_mlx.vision.inputs import VisionUnsupported, attach_vision
 
         try:
             vision = attach_vision(model, spec.model_path)
+        except VisionUnsupported as e:
+            logger.warning(f"serving text only: {e}")  # a request with images gets words
         except Exception as e:
             report_load_failure(out, e)
             return 1

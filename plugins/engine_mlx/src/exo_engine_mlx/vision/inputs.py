@@ -82,6 +82,10 @@ class VisionInputs:
         return out + tokens[previous:]
 
 
+class VisionUnsupported(ValueError):
+    """The model's vision side is of a family the engine does not run yet (it serves text)."""
+
+
 def _embedding_owner(model: Any) -> Any:
     """The module holding the text model's `embed_tokens`."""
     for _, module in model.named_modules():
@@ -99,7 +103,7 @@ def attach_vision(model: Any, model_dir: str) -> VisionInputs:
     config = json.loads((path / "config.json").read_text())
     model_type = config.get("model_type")
     if model_type != "gemma3":
-        raise ValueError(f"images are not supported for model_type {model_type!r} yet")
+        raise VisionUnsupported(f"images are not supported for model_type {model_type!r} yet")
     from exo_engine_mlx.vision.gemma3 import Gemma3Vision
 
     owner = _embedding_owner(model)
