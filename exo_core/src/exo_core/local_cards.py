@@ -68,7 +68,11 @@ async def watch_models_dir(
         if now == seen:
             continue
         seen = now
-        cards = await anyio.to_thread.run_sync(rescan)
+        try:
+            cards = await anyio.to_thread.run_sync(rescan)
+        except Exception as e:  # a plugin's bad answer must not end a running node
+            logger.warning(f"the model cards were not read again: {e!r}")
+            continue
         added, removed = added_and_removed(current(), cards)
         install(cards)
         if added or removed:
