@@ -122,10 +122,13 @@ def test_image_parameters_and_edits(node: RunningNode, open_page: OpenPage) -> N
     watched.assert_clean()
 
 
-ATTACH_IN_FIREFOX = """(async () => {
+CHOOSE_IN_FIREFOX = """(() => {
   const select = document.getElementById("chat-model");
   select.value = "%s";
   select.dispatchEvent(new Event("change"));
+  return !document.getElementById("attach-button").disabled;
+})()"""
+ATTACH_IN_FIREFOX = """(async () => {
   const { attachFiles, attachedImages } = await import("/static/js/attachments.js");
   const bytes = Uint8Array.from(atob("%s"), (c) => c.charCodeAt(0));
   await attachFiles([new File([bytes], "dot.png", { type: "image/png" }), new File(["x"], "a.txt", { type: "text/plain" })]);
@@ -146,9 +149,9 @@ def test_attachments_and_image_parameters_work_in_firefox(node: RunningNode) -> 
         assert browser.wait_for(
             f"document.querySelector('#chat-model option[value=\"{VISION_MODEL}\"]') !== null"
         )
-        count, width, is_data_url, note, disabled = browser.evaluate(
-            ATTACH_IN_FIREFOX % (VISION_MODEL, dot)
-        )
+        # The button is offered once the model's card (GET /models) says it reads images.
+        assert browser.wait_for(CHOOSE_IN_FIREFOX % VISION_MODEL)
+        count, width, is_data_url, note, disabled = browser.evaluate(ATTACH_IN_FIREFOX % dot)
         assert (count, width, is_data_url, disabled) == (1, 8, True, False)
         assert "a.txt: not a PNG" in note
         browser.open(f"{node.url}/#chat", 390, 844)
