@@ -32,7 +32,9 @@ from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
 DIALECTS = [exo_api_openai.plugin, exo_api_claude.plugin, exo_api_ollama.plugin]
 SECRET = "SECRET-7f3a-prompt"
-IMAGE = base64.b64encode(os.urandom(600)).decode()  # an image only the data plane may carry
+# An image only the data plane may carry (a PNG's signature, then noise: the API checks the
+# signature, and only a runner decodes the rest).
+IMAGE = base64.b64encode(b"\x89PNG\r\n\x1a\n" + os.urandom(600)).decode()
 VISION = ModelCard(
     model_id=ModelId("scripted-vision"),
     family="scripted",

@@ -46,6 +46,7 @@ from exo_core.generation import (
     GenerationParams,
 )
 from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
+from exo_core.local_cards import watch_models_dir
 from exo_core.master import Master
 from exo_core.metrics import NodeMetrics
 from exo_core.model_cards import ModelCard, index_cards
@@ -183,6 +184,7 @@ class Node:
         )
         self._priority = sum(plugins.results("exo_election_priority", config=config))
         self._catch_up_wanted = anyio.Event()
+        self._report_now = anyio.Event()
         self._in_flight: Counter[str] = Counter()
         self._refusals_logged: dict[str, float] = {}
         self._tg: TaskGroup | None = None
@@ -240,6 +242,25 @@ class Node:
         return card_to_run(
             card, own=own, roots=model_roots(self.config), remote_code=self.config.trust_remote_code
         )
+
+    def _scan_cards(self) -> dict[ModelId, ModelCard]:
+        """The plugins' cards asked again while running: a plugin that raises now is reported
+        and keeps serving (its cards are missing until it answers again)."""
+        found = self.plugins.collect("exo_model_cards", leave_out=False, config=self.config)
+        return index_cards(c for cards in self.plugins.kept(found) for c in cards)
+
+    async def _watch_models_dir(self) -> None:
+        await watch_models_dir(
+            self.config.models_dir,
+            rescan=self._scan_cards,
+            current=lambda: self.builtin_cards,
+            install=self._install_cards,
+        )
+
+    def _install_cards(self, cards: dict[ModelId, ModelCard]) -> None:
+        self.builtin_cards = cards
+        # Placement reads what each node serves from telemetry: report it now, not in 5 s.
+        self._report_now.set()
 
     def parser_for(self, card: ModelCard, params: GenerationParams) -> OutputParser | None:
         names = [n for n in (card.reasoning_parser, card.tool_parser) if n]
@@ -392,6 +413,7 @@ class Node:
                 tg.start_soon(keep_running, "the election", self.election.run)
                 tg.start_soon(keep_running, "catching up", self._catch_up_loop)
                 tg.start_soon(keep_running, "telemetry", self._telemetry_loop)
+                tg.start_soon(keep_running, "watching the models dir", self._watch_models_dir)
                 if self.worker is not None:
                     tg.start_soon(essential, "the worker", self.worker.run)
                 for job in extra:
@@ -828,7 +850,9 @@ class Node:
                 await self.send_command(report, timeout=10)
             except (TimeoutError, TransportError) as e:
                 logger.debug(f"telemetry not sent: {e!r}")
-            await anyio.sleep(TELEMETRY_INTERVAL_S)
+            with anyio.move_on_after(TELEMETRY_INTERVAL_S):
+                await self._report_now.wait()
+            self._report_now = anyio.Event()
 
     # -- observers ------------------------------------------------------------------------------
 

@@ -97,6 +97,7 @@ from exo_core.generation import (
 )
 from exo_core.hookspecs import hookimpl
 from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, RunnerId, TaskId, new_id
+from exo_core.image_inputs import ImageInputError, decode_data_url
 from exo_core.images import ImageFormat, ImageRequest, InvalidImageRequest, parse_size
 from exo_core.model_cards import (
     MAX_CARD_CONFIG_BYTES,
@@ -277,6 +278,7 @@ __all__ = [
     "HermesCallStream",
     "ImageChunk",
     "ImageFormat",
+    "ImageInputError",
     "ImageRequest",
     "IndexedEvent",
     "InjectedGeneration",
@@ -377,6 +379,7 @@ __all__ = [
     "coerce_arguments",
     "coerce_value",
     "decode_body",
+    "decode_data_url",
     "decode_from_runner",
     "decode_to_runner",
     "derive_key",

@@ -138,12 +138,12 @@ class PluginHost:
             self.fail(name, hook, e, leave_out=leave_out)
             return False, None
 
-    def collect(self, hook: str, **kwargs: Any) -> list[tuple[str, Any]]:
+    def collect(self, hook: str, *, leave_out: bool = True, **kwargs: Any) -> list[tuple[str, Any]]:
         """Call a startup hook on every plugin: (plugin name, result) for each result that is
-        not None. A plugin that raises is reported and left out."""
+        not None. A plugin that raises is reported and (when `leave_out`) left out."""
         results: list[tuple[str, Any]] = []
         for name, call in self.implementations(hook):
-            ok, result = self.attempt(name, hook, call, leave_out=True, **kwargs)
+            ok, result = self.attempt(name, hook, call, leave_out=leave_out, **kwargs)
             if ok and result is not None:
                 results.append((name, result))
         return results

@@ -34,6 +34,7 @@ from exo_core.generation import (
     Usage,
 )
 from exo_core.ids import InstanceId, ModelId, NodeId, TaskId, new_id
+from exo_core.image_inputs import ImageInputError, check_images, inline_image_urls
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
 from exo_core.state import Instance, RunnerStatus, State, Task
@@ -86,8 +87,13 @@ def validate(card: ModelCard, params: GenerationParams, names: FieldNames | None
         check_params(card, params, names)
     except ParamError as e:
         raise InvalidRequest(str(e), param=e.field) from e
-    if any(m.has_images() for m in params.messages) and not card.has(Capability.VISION):
-        raise InvalidRequest(f"model '{card.model_id}' does not accept images")
+    if any(m.has_images() for m in params.messages):
+        if not card.has(Capability.VISION):
+            raise InvalidRequest(f"model '{card.model_id}' does not accept images")
+        try:
+            check_images(params)
+        except ImageInputError as e:
+            raise InvalidRequest(str(e)) from e
 
 
 # The shape of the ids exo hands out (`task-3f9c...`, `chatcmpl-...`, `resp_...`, `msg_...`).
@@ -205,6 +211,11 @@ class GenerationService:
         Use it as `async with aclosing(service.generate(...)) as chunks`, so that leaving early
         cancels the task at once."""
         card = self.resolve(model_id)
+        if card.has(Capability.VISION) and any(m.has_images() for m in params.messages):
+            try:
+                params = await inline_image_urls(params)
+            except ImageInputError as e:
+                raise InvalidRequest(str(e)) from e
         validate(card, params, names)
         instance = await self.instance_for(card)
         return self._stream(card, instance.instance_id, params, request_id=request_id)

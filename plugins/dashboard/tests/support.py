@@ -8,14 +8,18 @@ import json
 import struct
 import zlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import anyio
-from litestar import post
+from litestar import Request, post
+from litestar.datastructures import UploadFile
 from litestar.response import Stream
 
 from exo_api_openai.errors import api_error
 from exo_api_openai.routes import chat_completions, create_response, get_model, list_models
 from exo_core.plugin import (
+    ACCEPTS_OPT,
+    Capability,
     ModelCard,
     ModelId,
     ModelTask,
@@ -29,6 +33,7 @@ from exo_core.plugin import (
 
 IMAGE_MODEL = "scripted-painter"
 HUGE_MODEL = "scripted-huge"
+VISION_MODEL = "scripted-seer"  # reads images (answers as scripted-echo does)
 
 
 def png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
@@ -55,25 +60,43 @@ def _event(kind: str, **fields: object) -> bytes:
 RECEIVED: list[dict[str, object]] = []
 
 
-@post("/images/generations")
-async def images_stand_in(data: dict[str, object]) -> Stream:
+def _frames(kind: str, prompt: str) -> AsyncIterator[bytes]:
     """A progress event, two partial images, then the final one; a prompt with "slow" never
-    finishes. Each request body is kept in RECEIVED."""
-    RECEIVED.append(data)
+    finishes."""
 
     async def frames() -> AsyncIterator[bytes]:
-        yield _event("image_generation.progress", step=1, total=4, index=0)
+        yield _event(f"{kind}.progress", step=1, total=4, index=0)
         await anyio.sleep(0.3)
         for index, colour in enumerate([(60, 60, 90), (120, 120, 160)]):
             b64 = base64.b64encode(png(32, 32, colour)).decode()
-            yield _event("image_generation.partial_image", b64_json=b64, partial_image_index=index)
+            yield _event(f"{kind}.partial_image", b64_json=b64, partial_image_index=index)
             await anyio.sleep(0.4)
-        if "slow" in str(data.get("prompt")):
+        if "slow" in prompt:
             await anyio.sleep(120)
         final = base64.b64encode(png(64, 64, (250, 204, 21))).decode()
-        yield _event("image_generation.completed", b64_json=final)
+        yield _event(f"{kind}.completed", b64_json=final)
 
-    return Stream(frames(), media_type="text/event-stream")
+    return frames()
+
+
+@post("/images/generations")
+async def images_stand_in(data: dict[str, object]) -> Stream:
+    """Each request body is kept in RECEIVED."""
+    RECEIVED.append(data)
+    return Stream(
+        _frames("image_generation", str(data.get("prompt"))), media_type="text/event-stream"
+    )
+
+
+@post("/images/edits", opt={ACCEPTS_OPT: ("multipart/form-data",)})
+async def edits_stand_in(request: Request[Any, Any, Any]) -> Stream:
+    """The form's fields are kept in RECEIVED, the uploaded image as its bytes."""
+    form = await request.form()
+    fields: dict[str, object] = {}
+    for key, value in form.multi_items():
+        fields[key] = await value.read() if isinstance(value, UploadFile) else value
+    RECEIVED.append(fields)
+    return Stream(_frames("image_edit", str(fields.get("prompt"))), media_type="text/event-stream")
 
 
 class StandIns:
@@ -83,7 +106,8 @@ class StandIns:
     @hookimpl
     def exo_routes(self) -> list[object]:
         handlers = [chat_completions, create_response, list_models, get_model]
-        return [dialect_router("/v1", [*handlers, images_stand_in], error_body=api_error)]
+        stand_ins = [images_stand_in, edits_stand_in]
+        return [dialect_router("/v1", [*handlers, *stand_ins], error_body=api_error)]
 
     @hookimpl
     def exo_place_instance(
@@ -99,8 +123,15 @@ class StandIns:
             ModelCard(
                 model_id=ModelId(IMAGE_MODEL),
                 storage_size_bytes=1_000_000,
-                tasks=(ModelTask.IMAGE_GENERATION,),
+                tasks=(ModelTask.IMAGE_GENERATION, ModelTask.IMAGE_EDIT),
                 source="scripted:painter",
+                **common,  # type: ignore[arg-type]
+            ),
+            ModelCard(
+                model_id=ModelId(VISION_MODEL),
+                storage_size_bytes=1_000_000,
+                capabilities=(Capability.TEXT, Capability.VISION),
+                source="scripted:echo",
                 **common,  # type: ignore[arg-type]
             ),
             ModelCard(

@@ -23,7 +23,7 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 from loguru import logger
@@ -60,6 +60,9 @@ from exo_engine_mlx.sampling import (
     make_sampler,
 )
 from exo_engine_mlx.textstream import TextStream
+
+if TYPE_CHECKING:
+    from exo_engine_mlx.vision.inputs import VisionInputs
 
 
 @dataclass
@@ -193,8 +196,10 @@ class BatchEngine:
         prefill_step_size: int = 2048,
         recurrent: bool | None = None,
         batched: bool | None = None,
+        vision: VisionInputs | None = None,
     ) -> None:
         self.model = model
+        self.vision = vision  # a vision model's images (vision/inputs.py); None: text only
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
         self.default_max_tokens = default_max_tokens
@@ -277,8 +282,12 @@ class BatchEngine:
         return min(wanted, room)
 
     def _submit(self, task_id: TaskId, params: GenerationParams) -> list[Chunk]:
-        rendered = render(self.tokenizer, params)
+        if self.vision is None and any(m.has_images() for m in params.messages):
+            raise PromptError("this model's images are not supported by the MLX engine yet")
+        rendered = render(self.tokenizer, params, multimodal=self.vision is not None)
         tokens = encode(self.tokenizer, params, rendered)
+        if self.vision is not None:
+            tokens = self.vision.expand(tokens, params)
         if params.count_only:
             usage = Usage(prompt_tokens=len(tokens))
             return [FinishChunk(task_id=task_id, finish_reason=FinishReason.STOP, usage=usage)]
@@ -287,6 +296,8 @@ class BatchEngine:
         wanted = make_processors(params.sampling, prompt_tokens=len(tokens))
         if params.ignore_eos:
             wanted.append(ban_tokens(sorted(self._eos)))
+        if self.vision is not None:  # an image's ids are past the logits a penalty indexes
+            wanted = [self.vision.processor(p) for p in wanted]
         processors = [self._guard.processor(task_id, p) for p in wanted]
         parser = family_parser(self.tokenizer, params, rendered)
         cache, cached = (None, 0)

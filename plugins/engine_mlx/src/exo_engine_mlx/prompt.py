@@ -13,9 +13,17 @@ class PromptError(ValueError):
     """The request cannot be rendered for this model (the message says why)."""
 
 
-def template_message(message: ChatMessage) -> dict[str, Any]:
-    """The dict shape chat templates expect (OpenAI-like, tool call arguments as objects)."""
-    out: dict[str, Any] = {"role": message.role, "content": message.text()}
+def template_message(message: ChatMessage, multimodal: bool = False) -> dict[str, Any]:
+    """The dict shape chat templates expect (OpenAI-like, tool call arguments as objects).
+    `multimodal`: a message with images keeps its parts, images as `{"type": "image"}` (where
+    a vision model's template puts its image marker)."""
+    content: Any = message.text()
+    if multimodal and message.has_images() and not isinstance(message.content, str):
+        content = [
+            {"type": "image"} if p.type == "image" else {"type": "text", "text": p.text}
+            for p in message.content
+        ]
+    out: dict[str, Any] = {"role": message.role, "content": content}
     if message.tool_calls:
         calls = []
         for call in message.tool_calls:
@@ -54,14 +62,14 @@ def template_tools(params: GenerationParams) -> list[dict[str, Any]]:
     ]
 
 
-def render(tokenizer: Any, params: GenerationParams) -> str:
+def render(tokenizer: Any, params: GenerationParams, multimodal: bool = False) -> str:
     if params.prompt is not None and not params.messages:
         return params.prompt
     if is_harmony(tokenizer):  # gpt-oss: the format's own renderer
         from exo_engine_mlx.harmony_prompt import render_harmony  # openai-harmony: ~1 s import
 
         return render_harmony(params)
-    messages = [template_message(m) for m in params.messages]
+    messages = [template_message(m, multimodal) for m in params.messages]
     template = getattr(tokenizer, "chat_template", None)
     if template is None:
         # No template: a plain transcript the model can continue.

@@ -19,6 +19,7 @@ from typing import Any
 from loguru import logger
 
 from exo_core.plugin import (
+    Capability,
     ChatMessage,
     ErrorChunk,
     GenerationParams,
@@ -109,6 +110,17 @@ def serve(conn: Connection, launch: Launch) -> int:
     except Exception as e:
         report_load_failure(out, e)
         return 1
+    vision = None
+    if Capability.VISION in spec.card.capabilities:
+        from exo_engine_mlx.vision.inputs import VisionUnsupported, attach_vision
+
+        try:
+            vision = attach_vision(model, spec.model_path)
+        except VisionUnsupported as e:
+            logger.warning(f"serving text only: {e}")  # a request with images gets words
+        except Exception as e:
+            report_load_failure(out, e)
+            return 1
     budget = _prefix_budget(spec, options)
     # The ranks of a group must step alike: each asks its own part, the group takes the
     # answer any rank needs (a pipeline rank's slice may hold no recurrent or unbatchable cache).
@@ -129,6 +141,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         prefill_step_size=options.prefill_step_size,
         recurrent=recurrent,
         batched=not unbatchable,
+        vision=vision,
     )
     loop = None
     try:

@@ -3,6 +3,7 @@
 // went away.
 
 import { errorText, readEvents, request } from "./api.js";
+import { attachedImages, clearAttachments, setAttachable, setupAttachments } from "./attachments.js";
 import { h, render } from "./dom.js";
 import { renderMarkdown } from "./markdown.js";
 import { modelKind, readyModels } from "./model.js";
@@ -90,7 +91,7 @@ function statsLine(stats) {
 const rendered = new WeakMap();
 
 function messageView(message) {
-  const key = JSON.stringify([message.content, message.reasoning, message.error, message.stats, message.streaming, message.prefill]);
+  const key = JSON.stringify([message.content, message.images?.length, message.reasoning, message.error, message.stats, message.streaming, message.prefill]);
   const cached = rendered.get(message);
   if (cached?.key === key) return cached.node;
   const node = buildMessage(message);
@@ -99,7 +100,11 @@ function messageView(message) {
 }
 
 function buildMessage(message) {
-  if (message.role === "user") return h("div.message.user", {}, h("div.bubble", {}, message.content));
+  if (message.role === "user") {
+    const images = message.images || [];
+    const thumbs = images.length ? h("div.thumbs", {}, images.map((url, i) => h("img", { src: url, alt: `image ${i + 1}` }))) : null;
+    return h("div.message.user", {}, h("div.bubble", {}, thumbs, message.content));
+  }
   const body = h("div.markdown", {}, renderMarkdown(message.content || ""));
   return h(
     "div.message.assistant",
@@ -163,6 +168,7 @@ export function renderModelPicker() {
   }
   const fallback = readyIds[0] ?? (ids.has(DEFAULT_MODEL) ? DEFAULT_MODEL : others[0]) ?? "";
   select.value = ids.has(previous) ? previous : fallback;
+  setAttachable(modelCards().find((c) => c.model_id === select.value));
   document.getElementById("chat-model-note").textContent = ready.has(select.value)
     ? "ready"
     : select.value
@@ -175,12 +181,14 @@ export function renderModelPicker() {
 /** Sends `text` in the current conversation (a new one when there is none) and streams the reply. */
 export async function send(text) {
   text = text.trim();
-  if (!text || running) return;
+  const images = attachedImages();
+  if ((!text && !images.length) || running) return;
   const model = document.getElementById("chat-model").value || DEFAULT_MODEL;
   const conversation = current() ?? newConversation();
-  if (!conversation.messages.length) conversation.title = text.slice(0, 60);
+  if (!conversation.messages.length) conversation.title = text.slice(0, 60) || "Image";
   conversation.model = model;
-  conversation.messages.push({ role: "user", content: text });
+  conversation.messages.push(images.length ? { role: "user", content: text, images } : { role: "user", content: text });
+  clearAttachments();
   const reply = { role: "assistant", content: "", reasoning: "", streaming: true };
   conversation.messages.push(reply);
   conversation.updated = Date.now();
@@ -190,7 +198,7 @@ export async function send(text) {
   renderConversations();
   renderMessages();
 
-  const history = conversation.messages.slice(0, -1).filter((m) => !m.error).map((m) => ({ role: m.role, content: m.content }));
+  const history = conversation.messages.slice(0, -1).filter((m) => !m.error).map(apiMessage);
   const started = performance.now();
   let firstToken = null;
   let frame = 0;
@@ -262,6 +270,13 @@ export async function send(text) {
   }
 }
 
+/** A kept message as OpenAI's chat format has it: images as `image_url` parts before the text. */
+function apiMessage(m) {
+  if (!m.images?.length) return { role: m.role, content: m.content };
+  const parts = m.images.map((url) => ({ type: "image_url", image_url: { url } }));
+  return { role: m.role, content: [...parts, ...(m.content ? [{ type: "text", text: m.content }] : [])] };
+}
+
 function usageStats(usage, started, firstToken) {
   const now = performance.now();
   const generating = firstToken ? (now - firstToken) / 1000 : 0;
@@ -298,6 +313,7 @@ export function setupChat() {
     }
   });
   document.getElementById("stop").addEventListener("click", stop);
+  setupAttachments();
   const limit = document.getElementById("chat-max-tokens");
   limit.value = localStorage.getItem(MAX_TOKENS_STORAGE) || "";
   limit.addEventListener("change", () => localStorage.setItem(MAX_TOKENS_STORAGE, limit.value));
