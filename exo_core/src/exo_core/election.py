@@ -9,6 +9,11 @@ best candidate takes the next term after a short settling time (long enough to h
 and only while it hears a majority of the cluster's members: a minority could commit nothing.
 Before it starts its term, the winner catches up from the most complete log it can reach.
 
+Failover is event driven, not paced by the heartbeat: the loss of the followed master's
+connection and a new master's claim wake the loop at once, a node that lost its master runs
+after `regroup` (not at the next beat), and a node whose role changed announces it at once.
+Campaigns are otherwise sent once per beat, so two claimants cannot wake each other in a loop.
+
 A claim is only a claim: a node follows (or steps down for) a master only for a term in which
 it voted for it, or which a majority of members announce they voted for
 (`peer_auth.master_claim_backed`); the master asks nodes that did not vote (they joined later,
@@ -38,6 +43,10 @@ class ElectionTiming:
     timeout: float = 2.0
     # How long a node listens before it may claim mastership.
     settle: float = 1.0
+    # How long survivors wait after losing their master before the best of them runs: they
+    # already hear each other, so this only lets them all notice the loss (a dropped
+    # connection is noticed by every survivor within milliseconds on a LAN).
+    regroup: float = 0.2
     # How long a node that was given peers to join waits for them before it runs alone.
     alone_grace: float = 5.0
 
@@ -83,14 +92,19 @@ class Election:
         self._heard: dict[NodeId, tuple[Campaign, float]] = {}
         self._started: float | None = None
         self._lost_master_at: float | None = None
+        self._wake = anyio.Event()
         self.master: NodeId | None = None
         self.term = 0
 
     def observe(self, campaign: Campaign) -> None:
         self._heard[campaign.node_id] = (campaign, anyio.current_time())
+        if campaign.is_master and (campaign.node_id, campaign.term) != (self.master, self.term):
+            self._wake.set()  # a new master's claim: follow it (or contest it) now
 
     def forget(self, node_id: NodeId) -> None:
         self._heard.pop(node_id, None)
+        if node_id == self.master:
+            self._wake.set()  # the master's connection dropped: start the failover now
 
     def cluster_size(self, me: Campaign) -> int:
         """How many members the cluster has, as the best-informed node in reach knows it."""
@@ -120,14 +134,31 @@ class Election:
 
     async def run(self) -> None:
         self._started = anyio.current_time()
+        next_beat = self._started
         while True:
             me = self._me()
-            try:
-                await self._broadcast(me)
-            except Exception as e:  # never let a broadcast failure stop elections
-                logger.debug(f"campaign broadcast failed: {e!r}")
+            if anyio.current_time() >= next_beat:
+                await self._send(me)
+                next_beat = anyio.current_time() + self.timing.heartbeat
+            role = self.master, self.term
             await self.evaluate(me)
-            await anyio.sleep(self.timing.heartbeat)
+            if (self.master, self.term) != role:
+                await self._send(self._me())  # announce the new role without waiting a beat
+            wake_at, now = next_beat, anyio.current_time()
+            if (
+                self._lost_master_at is not None
+                and self._lost_master_at + self.timing.regroup > now
+            ):
+                wake_at = min(wake_at, self._lost_master_at + self.timing.regroup)
+            with anyio.move_on_after(max(0.0, wake_at - now)):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+
+    async def _send(self, me: Campaign) -> None:
+        try:
+            await self._broadcast(me)
+        except Exception as e:  # never let a broadcast failure stop elections
+            logger.debug(f"campaign broadcast failed: {e!r}")
 
     async def evaluate(self, me: Campaign) -> None:
         now = anyio.current_time()
@@ -172,7 +203,7 @@ class Election:
         alone = not others and self.master is None and self._expect_peers
         if alone and now - self._started < self.timing.alone_grace:
             return  # our bootstrap peers may just be slow to answer
-        if self._lost_master_at is not None and now - self._lost_master_at < self.timing.settle / 2:
+        if self._lost_master_at is not None and now - self._lost_master_at < self.timing.regroup:
             return
         if not is_majority(1 + len(others), self.cluster_size(me)):
             return  # too few nodes in reach to commit anything: no master on this side
