@@ -41,6 +41,8 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     bootstrap_peers: list[str] = msgspec.field(default_factory=list)
     listen_host: str = "0.0.0.0"
     auto_place: bool = True
+    # The most memory this node offers placement, in bytes (None: what the machine has free).
+    max_memory: int | None = None
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0
     # Events between snapshots of state; the log is cut behind each snapshot.

@@ -64,7 +64,7 @@ from exo_core.replica import Ingested, Replica
 from exo_core.service import GenerationService
 from exo_core.snapshot import Snapshot, SnapshotStore
 from exo_core.state import State, Task, TaskStatus
-from exo_core.telemetry import gather_resources, hostname, local_addresses
+from exo_core.telemetry import cap_memory, gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
     PeerDisconnected,
     Transport,
@@ -759,11 +759,14 @@ class Node:
         addresses = local_addresses(self.config.listen_host)
         while True:
             serves = self.servable() if self.worker else ()
-            resources = gather_resources(
-                self.config.data_dir,
-                self.engine_names,
-                serves,
-                self.worker.runner_pids() if self.worker else None,
+            resources = cap_memory(
+                gather_resources(
+                    self.config.data_dir,
+                    self.engine_names,
+                    serves,
+                    self.worker.runner_pids() if self.worker else None,
+                ),
+                self.config.max_memory,
             )
             report = ReportEvents(
                 events=(
