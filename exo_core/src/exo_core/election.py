@@ -10,8 +10,9 @@ and only while it hears a majority of the cluster's members: a minority could co
 Before it starts its term, the winner catches up from the most complete log it can reach.
 
 Failover is event driven, not paced by the heartbeat: the loss of the followed master's
-connection and a new master's claim wake the loop at once, a node that lost its master runs
-after `regroup` (not at the next beat), and a node whose role changed announces it at once.
+connection, the end of its `timeout` of silence and a new master's claim wake the loop at
+once, a node that lost its master runs after `regroup` (not at the next beat), and a node
+whose role changed announces it at once.
 Campaigns are otherwise sent once per beat, so two claimants cannot wake each other in a loop.
 
 A claim is only a claim: a node follows (or steps down for) a master only for a term in which
@@ -49,6 +50,9 @@ class ElectionTiming:
     regroup: float = 0.2
     # How long a node that was given peers to join waits for them before it runs alone.
     alone_grace: float = 5.0
+
+
+_LATE_S = 0.001
 
 
 def is_majority(count: int, members: int) -> bool:
@@ -140,19 +144,30 @@ class Election:
             if anyio.current_time() >= next_beat:
                 await self._send(me)
                 next_beat = anyio.current_time() + self.timing.heartbeat
-            role = self.master, self.term
+            role = self.master, self.term, self._lost_master_at is None
             await self.evaluate(me)
-            if (self.master, self.term) != role:
-                await self._send(self._me())  # announce the new role without waiting a beat
-            wake_at, now = next_beat, anyio.current_time()
-            if (
-                self._lost_master_at is not None
-                and self._lost_master_at + self.timing.regroup > now
-            ):
-                wake_at = min(wake_at, self._lost_master_at + self.timing.regroup)
-            with anyio.move_on_after(max(0.0, wake_at - now)):
+            if (self.master, self.term, self._lost_master_at is None) != role:
+                # Announce a new role, or the loss of the master, without waiting a beat: the
+                # survivors rank each other by fresh campaigns when `regroup` ends.
+                await self._send(self._me())
+            now = anyio.current_time()
+            later = [self._master_expiry(), self._regroup_end()]
+            wake_at = min([next_beat, *(t for t in later if t is not None and t > now)])
+            # A hair late: a deadline computed as a sum of floats may land just short of the
+            # `now - since < span` it is meant to pass.
+            with anyio.move_on_after(max(0.0, wake_at - now) + _LATE_S):
                 await self._wake.wait()
             self._wake = anyio.Event()
+
+    def _master_expiry(self) -> float | None:
+        """When the master we follow, silent since, counts as lost (a dead machine drops no
+        connection: only its silence tells)."""
+        heard = self._heard.get(self.master) if self.master is not None else None
+        return None if heard is None else heard[1] + self.timing.timeout
+
+    def _regroup_end(self) -> float | None:
+        lost = self._lost_master_at
+        return None if lost is None else lost + self.timing.regroup
 
     async def _send(self, me: Campaign) -> None:
         try:

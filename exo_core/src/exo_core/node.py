@@ -179,6 +179,7 @@ class Node:
         )
         self._priority = sum(plugins.results("exo_election_priority", config=config))
         self._catch_up_wanted = anyio.Event()
+        self._catch_up_scope = anyio.CancelScope()
         self._in_flight: Counter[str] = Counter()
         self._refusals_logged: dict[str, float] = {}
         self._tg: TaskGroup | None = None
@@ -536,8 +537,11 @@ class Node:
             self._catch_up_wanted = anyio.Event()
             master = self.election.master
             following = self.master is None and master not in (None, self.node_id)
-            if following and master is not None and await self.sync_from(master):
-                self._acknowledge()
+            # Following a new master ends a catch-up from the old one (which may hang on a
+            # master that fell silent until its request times out).
+            with anyio.CancelScope() as self._catch_up_scope:
+                if following and master is not None and await self.sync_from(master):
+                    self._acknowledge()
 
     async def sync_from(self, peer: NodeId, timeout: float = 30.0) -> bool:
         """Make our log a copy of `peer`'s (cutting what diverges), in batches."""
@@ -638,6 +642,10 @@ class Node:
             answer = self._decode_answer(peer, raw)
             if isinstance(answer, Vote) and answer.granted:
                 granted += 1
+                if is_majority(granted, members):
+                    # Won: a dead peer's request must not hold the failover up (the master
+                    # asks the rest for their votes in its term later).
+                    tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             for peer in self.transport.peers():
@@ -684,6 +692,7 @@ class Node:
 
     async def _follow(self, master: NodeId, term: int) -> None:
         logger.info(f"following master {master} (term {term})")
+        self._catch_up_scope.cancel()
         self._catch_up_wanted.set()
 
     async def _step_down(self) -> None:
