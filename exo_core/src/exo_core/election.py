@@ -96,6 +96,12 @@ class Election:
         """How many members the cluster has, as the best-informed node in reach knows it."""
         return max([me.members, *(c.members for c in self._alive())])
 
+    def reach(self) -> tuple[int, int]:
+        """How many members this node hears (itself included), and how many the cluster has."""
+        me = self._me()
+        others = [c for c in self._alive() if c.node_id != me.node_id]
+        return 1 + len(others), self.cluster_size(me)
+
     def alive(self) -> list[Campaign]:
         """Campaigns heard within the timeout."""
         return self._alive()

@@ -118,6 +118,11 @@ class NoMaster(RuntimeError):
     """No master answered in time (an election is running or the cluster is partitioned)."""
 
 
+class NotCommitted(TimeoutError):
+    """A command this node could not have committed: no master answered in time, or this node
+    hears no majority of the cluster (a partition cut it off). The API answers 503."""
+
+
 def _persistent_node_id(data_dir: Path) -> NodeId:
     path = data_dir / "node_id"
     if path.exists():
@@ -265,14 +270,22 @@ class Node:
             command_id=CommandId(new_id("cmd")), origin=self.node_id, command=command
         )
         started = time.perf_counter()
-        with anyio.fail_after(timeout, shield=False):
-            result = await self._send_envelope(envelope)
+        try:
+            with anyio.fail_after(timeout, shield=False):
+                result = await self._send_envelope(envelope)
+        except TimeoutError as e:
+            if isinstance(e, NotCommitted):
+                raise
+            raise NotCommitted(
+                f"no master answered within {timeout:g} s: the command may or may not be applied"
+            ) from e
         self.metrics.command_duration.labels(type(command).__name__).observe(
             time.perf_counter() - started
         )
         return result
 
     async def _send_envelope(self, envelope: CommandEnvelope) -> CommandResult:
+        cut_off_since: float | None = None
         while True:
             if self.master is not None:
                 return await self.master.handle(envelope)
@@ -285,6 +298,20 @@ class Node:
                         return answer
                 except TransportError as e:
                     logger.debug(f"command to master {target} failed: {e}")
+            # A node that hears no majority cannot have a command committed: it says so once
+            # an election could have found it a master, rather than keep its client waiting.
+            heard, members = self.election.reach()
+            if self.master is None and not is_majority(heard, members):
+                now = time.monotonic()
+                cut_off_since = cut_off_since if cut_off_since is not None else now
+                timing = self.election.timing
+                if now - cut_off_since >= timing.timeout + timing.settle:
+                    raise NotCommitted(
+                        f"this node reaches {heard} of the cluster's {members} members, not a "
+                        "majority: nothing can be committed until it reaches more"
+                    )
+            else:
+                cut_off_since = None
             await anyio.sleep(0.1)
 
     async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
