@@ -117,8 +117,25 @@ def test_partitioned_minority_cannot_commit_and_the_majority_goes_on(cluster: Cl
         cluster.net.heal_all()
     ops = cluster.history.ops
     assert refused.status == 503 and "majority" in refused.detail, refused
+    print(f"the cut-off master refused a write after {refused.end - refused.start:.1f} s")
     assert not acked_between(ops, {old}, cut, healed), "the cut-off node acknowledged a write"
     assert acked_between(ops, set(majority), cut, healed), "the majority committed nothing"
+    cluster.heal_and_check()
+
+
+def test_a_cut_off_follower_says_it_cannot_commit(cluster: Cluster) -> None:
+    master = cluster.master()
+    follower = (master + 1) % 3
+    with cluster.history.writers([n for n in cluster.nodes if n.index != follower]):
+        cluster.net.isolate(follower)
+        cut = time.monotonic()
+        refused = cluster.history.write(cluster.nodes[follower])
+        healed = time.monotonic()
+        cluster.net.heal_all()
+    assert refused.status == 503, refused
+    assert "1 of the cluster's 3 members, not a majority" in refused.detail, refused
+    print(f"the cut-off follower refused a write after {refused.end - refused.start:.1f} s")
+    assert acked_between(cluster.history.ops, {master}, cut, healed), "the majority stopped"
     cluster.heal_and_check()
 
 
