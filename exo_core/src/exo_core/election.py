@@ -83,6 +83,7 @@ class Election:
         self._heard: dict[NodeId, tuple[Campaign, float]] = {}
         self._started: float | None = None
         self._lost_master_at: float | None = None
+        self._majority_at: float | None = None  # when this node last heard a majority
         self.master: NodeId | None = None
         self.term = 0
 
@@ -101,6 +102,14 @@ class Election:
         me = self._me()
         others = [c for c in self._alive() if c.node_id != me.node_id]
         return 1 + len(others), self.cluster_size(me)
+
+    def cut_off_for(self) -> float:
+        """Seconds since this node last heard a majority of the members (0 while it does)."""
+        heard, members = self.reach()
+        now = anyio.current_time()
+        if is_majority(heard, members) or self._majority_at is None:
+            self._majority_at = now
+        return now - self._majority_at
 
     def alive(self) -> list[Campaign]:
         """Campaigns heard within the timeout."""

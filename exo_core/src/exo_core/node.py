@@ -285,33 +285,31 @@ class Node:
         return result
 
     async def _send_envelope(self, envelope: CommandEnvelope) -> CommandResult:
-        cut_off_since: float | None = None
+        timing = self.election.timing
         while True:
             if self.master is not None:
                 return await self.master.handle(envelope)
+            # A node that has heard no majority for as long as an election takes cannot have
+            # a command committed: it says so rather than keep its client waiting.
+            cut_off = self.election.cut_off_for()
+            if cut_off >= timing.timeout + timing.settle:
+                heard, members = self.election.reach()
+                raise NotCommitted(
+                    f"this node reaches {heard} of the cluster's {members} members, not a "
+                    "majority: it cannot have commands committed until it reaches more"
+                )
             target = self.election.master
             if target is not None and target != self.node_id:
+                # Cut off, the master is likely out of reach: try briefly (a retry carries the
+                # same command id, which the master answers without applying it again).
+                wait = timing.timeout if cut_off > 0 else 10
                 try:
-                    raw = await self.transport.request(target, encode(envelope), timeout=10)
+                    raw = await self.transport.request(target, encode(envelope), timeout=wait)
                     answer = self._decode_answer(target, raw)
                     if isinstance(answer, CommandResult):
                         return answer
                 except TransportError as e:
                     logger.debug(f"command to master {target} failed: {e}")
-            # A node that hears no majority cannot have a command committed: it says so once
-            # an election could have found it a master, rather than keep its client waiting.
-            heard, members = self.election.reach()
-            if self.master is None and not is_majority(heard, members):
-                now = time.monotonic()
-                cut_off_since = cut_off_since if cut_off_since is not None else now
-                timing = self.election.timing
-                if now - cut_off_since >= timing.timeout + timing.settle:
-                    raise NotCommitted(
-                        f"this node reaches {heard} of the cluster's {members} members, not a "
-                        "majority: nothing can be committed until it reaches more"
-                    )
-            else:
-                cut_off_since = None
             await anyio.sleep(0.1)
 
     async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
