@@ -97,6 +97,7 @@ class Election:
         self._started: float | None = None
         self._lost_master_at: float | None = None
         self._wake = anyio.Event()
+        self._majority_at: float | None = None  # when this node last heard a majority
         self.master: NodeId | None = None
         self.term = 0
 
@@ -113,6 +114,20 @@ class Election:
     def cluster_size(self, me: Campaign) -> int:
         """How many members the cluster has, as the best-informed node in reach knows it."""
         return max([me.members, *(c.members for c in self._alive())])
+
+    def reach(self) -> tuple[int, int]:
+        """How many members this node hears (itself included), and how many the cluster has."""
+        me = self._me()
+        others = [c for c in self._alive() if c.node_id != me.node_id]
+        return 1 + len(others), self.cluster_size(me)
+
+    def cut_off_for(self) -> float:
+        """Seconds since this node last heard a majority of the members (0 while it does)."""
+        heard, members = self.reach()
+        now = anyio.current_time()
+        if is_majority(heard, members) or self._majority_at is None:
+            self._majority_at = now
+        return now - self._majority_at
 
     def alive(self) -> list[Campaign]:
         """Campaigns heard within the timeout."""

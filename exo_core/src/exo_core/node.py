@@ -118,6 +118,11 @@ class NoMaster(RuntimeError):
     """No master answered in time (an election is running or the cluster is partitioned)."""
 
 
+class NotCommitted(TimeoutError):
+    """A command this node could not have committed: no master answered in time, or this node
+    hears no majority of the cluster (a partition cut it off). The API answers 503."""
+
+
 def _persistent_node_id(data_dir: Path) -> NodeId:
     path = data_dir / "node_id"
     if path.exists():
@@ -266,21 +271,41 @@ class Node:
             command_id=CommandId(new_id("cmd")), origin=self.node_id, command=command
         )
         started = time.perf_counter()
-        with anyio.fail_after(timeout, shield=False):
-            result = await self._send_envelope(envelope)
+        try:
+            with anyio.fail_after(timeout, shield=False):
+                result = await self._send_envelope(envelope)
+        except TimeoutError as e:
+            if isinstance(e, NotCommitted):
+                raise
+            raise NotCommitted(
+                f"no master answered within {timeout:g} s: the command may or may not be applied"
+            ) from e
         self.metrics.command_duration.labels(type(command).__name__).observe(
             time.perf_counter() - started
         )
         return result
 
     async def _send_envelope(self, envelope: CommandEnvelope) -> CommandResult:
+        timing = self.election.timing
         while True:
             if self.master is not None:
                 return await self.master.handle(envelope)
+            # A node that has heard no majority for as long as an election takes cannot have
+            # a command committed: it says so rather than keep its client waiting.
+            cut_off = self.election.cut_off_for()
+            if cut_off >= timing.timeout + timing.settle:
+                heard, members = self.election.reach()
+                raise NotCommitted(
+                    f"this node reaches {heard} of the cluster's {members} members, not a "
+                    "majority: it cannot have commands committed until it reaches more"
+                )
             target = self.election.master
             if target is not None and target != self.node_id:
+                # Cut off, the master is likely out of reach: try briefly (a retry carries the
+                # same command id, which the master answers without applying it again).
+                wait = timing.timeout if cut_off > 0 else 10
                 try:
-                    raw = await self.transport.request(target, encode(envelope), timeout=10)
+                    raw = await self.transport.request(target, encode(envelope), timeout=wait)
                     answer = self._decode_answer(target, raw)
                     if isinstance(answer, CommandResult):
                         return answer

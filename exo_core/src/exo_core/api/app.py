@@ -9,11 +9,11 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
-from exo_core.api.errors import on_http_error, on_validation_error
+from exo_core.api.errors import on_http_error, on_not_committed, on_validation_error
 from exo_core.api.native import NativeController
 from exo_core.api.security import HttpPolicy, cors_config, guards, host_guard_middleware
 from exo_core.metrics import metrics_middleware
-from exo_core.node import Node
+from exo_core.node import Node, NotCommitted
 
 
 def http_policy(node: Node) -> HttpPolicy:
@@ -64,6 +64,7 @@ def _app(node: Node, handlers: list[Any]) -> Litestar:
         exception_handlers={
             ValidationException: on_validation_error,
             HTTPException: on_http_error,
+            NotCommitted: on_not_committed,
         },
         cors_config=cors_config(policy),
         guards=guards(policy),

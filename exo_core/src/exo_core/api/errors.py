@@ -21,3 +21,8 @@ def on_validation_error(request: Request, exc: ValidationException) -> Response[
 
 def on_http_error(request: Request, exc: HTTPException) -> Response[dict[str, object]]:
     return native_error(exc.status_code, exc.detail, exc.extra)
+
+
+def on_not_committed(request: Request, exc: TimeoutError) -> Response[dict[str, object]]:
+    """A command that no majority of the cluster took (node.NotCommitted): try again later."""
+    return native_error(503, str(exc))
