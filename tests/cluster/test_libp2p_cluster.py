@@ -54,9 +54,15 @@ def test_master_killed_then_a_new_one_and_the_instance_keeps_serving(tmp_path: P
         killed_at = time.monotonic()
         survivors = nodes[1:]
         wait_until(
-            lambda: all(n.state()["master"]["term"] > old_term for n in survivors), timeout=15
+            lambda: all(n.state()["master"]["term"] > old_term for n in survivors),
+            timeout=15,
+            interval=0.05,
         )
-        print(f"new master after {time.monotonic() - killed_at:.2f}s")
+        failover = time.monotonic() - killed_at
+        print(f"new master after {failover:.2f}s")
+        # The bound (bench/bench_failover.py measures it over many rounds): the loss of
+        # the master's connection starts the election at once, not at the next heartbeat.
+        assert failover < 1.5, f"failover took {failover:.2f}s"
         wait_until(lambda: same_state(survivors), timeout=20)
         new_state = survivors[0].state()
         assert new_state["master"]["node_id"] in {n.get("/node_id")["node_id"] for n in survivors}

@@ -7,11 +7,13 @@ from contextlib import aclosing
 from pathlib import Path
 
 import httpx
+import pytest
 
 from exo_core.commands import AddModelCard
 from exo_core.generation import ChatMessage, GenerationParams, TextChunk
 from exo_core.ids import ModelId
 from exo_core.model_cards import ModelCard
+from exo_core.node import NotCommitted
 from exo_core.testing.harness import RunningCluster, RunningNode, running_cluster
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
 
@@ -88,6 +90,10 @@ def test_a_minority_commits_nothing_and_the_majority_goes_on(tmp_path: Path) -> 
         # The old master can no longer reach a majority: its commands are not acknowledged.
         lost = master.call(master.node.send_command, AddModelCard(card=card("minority-card")))
         assert lost.status == 503
+        # A follower on the minority side says why it cannot commit (not a 30 s timeout).
+        cut_off = others[0]
+        with pytest.raises(NotCommitted, match="reaches 2 of the cluster's 5 members"):
+            cut_off.call(cut_off.node.send_command, AddModelCard(card=card("cut-off-card")))
         cluster.wait(lambda: any(n.node.master is not None for n in others[1:]), timeout=10)
         new_master = next(n for n in others[1:] if n.node.master is not None)
         done = new_master.call(
@@ -99,6 +105,7 @@ def test_a_minority_commits_nothing_and_the_majority_goes_on(tmp_path: Path) -> 
         for n in cluster.nodes:
             cards = n.node.state.model_cards
             assert "majority-card" in cards and "minority-card" not in cards
+            assert "cut-off-card" not in cards
 
 
 def test_a_late_joiner_catches_up(tmp_path: Path) -> None:

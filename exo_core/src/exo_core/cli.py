@@ -18,10 +18,18 @@ from exo_core.config import NodeConfig, default_data_dir
 from exo_core.datadir import DataDirInUse, DataDirLock
 from exo_core.logs import setup_logging
 from exo_core.plugin_host import Call, PluginHost, describe, load_plugins
+from exo_core.telemetry import parse_size
 
 
 def _peers(value: str) -> list[str]:
     return [p.strip() for p in value.split(",") if p.strip()]
+
+
+def _size(value: str) -> int:
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_http_options(parser: argparse.ArgumentParser) -> None:
@@ -69,6 +77,9 @@ def core_parser() -> argparse.ArgumentParser:
     add("--bootstrap-peers", type=_peers, default=_peers(os.environ.get("EXO_BOOTSTRAP_PEERS", "")),
         help="comma-separated addresses of peers to connect to")  # fmt: skip
     add("--listen-host", default="0.0.0.0", help="address the node transport listens on")
+    add("--max-memory", type=_size, default=os.environ.get("EXO_MAX_MEMORY") or None, metavar="SIZE",
+        help="offer placement at most this much memory (e.g. 600MB, 8GiB; also EXO_MAX_MEMORY): "
+        "the node reports it as its total, less its runners' memory as free")  # fmt: skip
     add("--no-auto-place", action="store_true",
         help="do not place a model automatically when a request names it")  # fmt: skip
     add("--trust-remote-code", action="append", default=[], metavar="MODEL",
@@ -135,6 +146,7 @@ def config_from_args(args: argparse.Namespace) -> NodeConfig:
         start_model=args.model,
         downloads=not args.no_downloads,
         batch=not args.no_batch,
+        max_memory=args.max_memory,
         verbosity=args.verbose - args.quiet,
         disabled_plugins=args.disable_plugin,
         transport=args.transport,

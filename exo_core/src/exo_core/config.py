@@ -52,6 +52,8 @@ class NodeConfig(msgspec.Struct, kw_only=True):
     downloads: bool = True
     # False (`--no-batch`): engines serve one request at a time, without continuous batching.
     batch: bool = True
+    # The most memory this node offers placement, in bytes (None: what the machine has free).
+    max_memory: int | None = None
     # Seconds without output before a stream sends its dialect's keep-alive.
     keepalive_s: float = 10.0
     # Events between snapshots of state; the log is cut behind each snapshot.

@@ -9,6 +9,12 @@ best candidate takes the next term after a short settling time (long enough to h
 and only while it hears a majority of the cluster's members: a minority could commit nothing.
 Before it starts its term, the winner catches up from the most complete log it can reach.
 
+Failover is event driven, not paced by the heartbeat: the loss of the followed master's
+connection, the end of its `timeout` of silence and a new master's claim wake the loop at
+once, a node that lost its master runs after `regroup` (not at the next beat), and a node
+whose role changed announces it at once.
+Campaigns are otherwise sent once per beat, so two claimants cannot wake each other in a loop.
+
 A claim is only a claim: a node follows (or steps down for) a master only for a term in which
 it voted for it, or which a majority of members announce they voted for
 (`peer_auth.master_claim_backed`); the master asks nodes that did not vote (they joined later,
@@ -38,8 +44,15 @@ class ElectionTiming:
     timeout: float = 2.0
     # How long a node listens before it may claim mastership.
     settle: float = 1.0
+    # How long survivors wait after losing their master before the best of them runs: they
+    # already hear each other, so this only lets them all notice the loss (a dropped
+    # connection is noticed by every survivor within milliseconds on a LAN).
+    regroup: float = 0.2
     # How long a node that was given peers to join waits for them before it runs alone.
     alone_grace: float = 5.0
+
+
+_LATE_S = 0.001
 
 
 def is_majority(count: int, members: int) -> bool:
@@ -83,18 +96,38 @@ class Election:
         self._heard: dict[NodeId, tuple[Campaign, float]] = {}
         self._started: float | None = None
         self._lost_master_at: float | None = None
+        self._wake = anyio.Event()
+        self._majority_at: float | None = None  # when this node last heard a majority
         self.master: NodeId | None = None
         self.term = 0
 
     def observe(self, campaign: Campaign) -> None:
         self._heard[campaign.node_id] = (campaign, anyio.current_time())
+        if campaign.is_master and (campaign.node_id, campaign.term) != (self.master, self.term):
+            self._wake.set()  # a new master's claim: follow it (or contest it) now
 
     def forget(self, node_id: NodeId) -> None:
         self._heard.pop(node_id, None)
+        if node_id == self.master:
+            self._wake.set()  # the master's connection dropped: start the failover now
 
     def cluster_size(self, me: Campaign) -> int:
         """How many members the cluster has, as the best-informed node in reach knows it."""
         return max([me.members, *(c.members for c in self._alive())])
+
+    def reach(self) -> tuple[int, int]:
+        """How many members this node hears (itself included), and how many the cluster has."""
+        me = self._me()
+        others = [c for c in self._alive() if c.node_id != me.node_id]
+        return 1 + len(others), self.cluster_size(me)
+
+    def cut_off_for(self) -> float:
+        """Seconds since this node last heard a majority of the members (0 while it does)."""
+        heard, members = self.reach()
+        now = anyio.current_time()
+        if is_majority(heard, members) or self._majority_at is None:
+            self._majority_at = now
+        return now - self._majority_at
 
     def alive(self) -> list[Campaign]:
         """Campaigns heard within the timeout."""
@@ -120,14 +153,42 @@ class Election:
 
     async def run(self) -> None:
         self._started = anyio.current_time()
+        next_beat = self._started
         while True:
             me = self._me()
-            try:
-                await self._broadcast(me)
-            except Exception as e:  # never let a broadcast failure stop elections
-                logger.debug(f"campaign broadcast failed: {e!r}")
+            if anyio.current_time() >= next_beat:
+                await self._send(me)
+                next_beat = anyio.current_time() + self.timing.heartbeat
+            role = self.master, self.term, self._lost_master_at is None
             await self.evaluate(me)
-            await anyio.sleep(self.timing.heartbeat)
+            if (self.master, self.term, self._lost_master_at is None) != role:
+                # Announce a new role, or the loss of the master, without waiting a beat: the
+                # survivors rank each other by fresh campaigns when `regroup` ends.
+                await self._send(self._me())
+            now = anyio.current_time()
+            later = [self._master_expiry(), self._regroup_end()]
+            wake_at = min([next_beat, *(t for t in later if t is not None and t > now)])
+            # A hair late: a deadline computed as a sum of floats may land just short of the
+            # `now - since < span` it is meant to pass.
+            with anyio.move_on_after(max(0.0, wake_at - now) + _LATE_S):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+
+    def _master_expiry(self) -> float | None:
+        """When the master we follow, silent since, counts as lost (a dead machine drops no
+        connection: only its silence tells)."""
+        heard = self._heard.get(self.master) if self.master is not None else None
+        return None if heard is None else heard[1] + self.timing.timeout
+
+    def _regroup_end(self) -> float | None:
+        lost = self._lost_master_at
+        return None if lost is None else lost + self.timing.regroup
+
+    async def _send(self, me: Campaign) -> None:
+        try:
+            await self._broadcast(me)
+        except Exception as e:  # never let a broadcast failure stop elections
+            logger.debug(f"campaign broadcast failed: {e!r}")
 
     async def evaluate(self, me: Campaign) -> None:
         now = anyio.current_time()
@@ -172,7 +233,7 @@ class Election:
         alone = not others and self.master is None and self._expect_peers
         if alone and now - self._started < self.timing.alone_grace:
             return  # our bootstrap peers may just be slow to answer
-        if self._lost_master_at is not None and now - self._lost_master_at < self.timing.settle / 2:
+        if self._lost_master_at is not None and now - self._lost_master_at < self.timing.regroup:
             return
         if not is_majority(1 + len(others), self.cluster_size(me)):
             return  # too few nodes in reach to commit anything: no master on this side

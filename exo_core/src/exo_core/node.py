@@ -68,7 +68,7 @@ from exo_core.snapshot import Snapshot, SnapshotStore
 from exo_core.start_model import place_at_start
 from exo_core.state import State, Task, TaskStatus
 from exo_core.supervise import essential, keep_running
-from exo_core.telemetry import gather_resources, hostname, local_addresses
+from exo_core.telemetry import cap_memory, gather_resources, hostname, local_addresses
 from exo_core.transport.base import (
     PeerDisconnected,
     Transport,
@@ -121,6 +121,11 @@ REFUSAL_LOG_INTERVAL_S = 60.0
 
 class NoMaster(RuntimeError):
     """No master answered in time (an election is running or the cluster is partitioned)."""
+
+
+class NotCommitted(TimeoutError):
+    """A command this node could not have committed: no master answered in time, or this node
+    hears no majority of the cluster (a partition cut it off). The API answers 503."""
 
 
 def _persistent_node_id(data_dir: Path) -> NodeId:
@@ -185,6 +190,7 @@ class Node:
         self._priority = sum(plugins.results("exo_election_priority", config=config))
         self._catch_up_wanted = anyio.Event()
         self._report_now = anyio.Event()
+        self._catch_up_scope = anyio.CancelScope()
         self._in_flight: Counter[str] = Counter()
         self._refusals_logged: dict[str, float] = {}
         self._tg: TaskGroup | None = None
@@ -313,21 +319,41 @@ class Node:
             command_id=CommandId(new_id("cmd")), origin=self.node_id, command=command
         )
         started = time.perf_counter()
-        with anyio.fail_after(timeout, shield=False):
-            result = await self._send_envelope(envelope)
+        try:
+            with anyio.fail_after(timeout, shield=False):
+                result = await self._send_envelope(envelope)
+        except TimeoutError as e:
+            if isinstance(e, NotCommitted):
+                raise
+            raise NotCommitted(
+                f"no master answered within {timeout:g} s: the command may or may not be applied"
+            ) from e
         self.metrics.command_duration.labels(type(command).__name__).observe(
             time.perf_counter() - started
         )
         return result
 
     async def _send_envelope(self, envelope: CommandEnvelope) -> CommandResult:
+        timing = self.election.timing
         while True:
             if self.master is not None:
                 return await self.master.handle(envelope)
+            # A node that has heard no majority for as long as an election takes cannot have
+            # a command committed: it says so rather than keep its client waiting.
+            cut_off = self.election.cut_off_for()
+            if cut_off >= timing.timeout + timing.settle:
+                heard, members = self.election.reach()
+                raise NotCommitted(
+                    f"this node reaches {heard} of the cluster's {members} members, not a "
+                    "majority: it cannot have commands committed until it reaches more"
+                )
             target = self.election.master
             if target is not None and target != self.node_id:
+                # Cut off, the master is likely out of reach: try briefly (a retry carries the
+                # same command id, which the master answers without applying it again).
+                wait = timing.timeout if cut_off > 0 else 10
                 try:
-                    raw = await self.transport.request(target, encode(envelope), timeout=10)
+                    raw = await self.transport.request(target, encode(envelope), timeout=wait)
                     answer = self._decode_answer(target, raw)
                     if isinstance(answer, CommandResult):
                         return answer
@@ -589,8 +615,11 @@ class Node:
             self._catch_up_wanted = anyio.Event()
             master = self.election.master
             following = self.master is None and master not in (None, self.node_id)
-            if following and master is not None and await self.sync_from(master):
-                self._acknowledge()
+            # Following a new master ends a catch-up from the old one (which may hang on a
+            # master that fell silent until its request times out).
+            with anyio.CancelScope() as self._catch_up_scope:
+                if following and master is not None and await self.sync_from(master):
+                    self._acknowledge()
 
     async def sync_from(self, peer: NodeId, timeout: float = 30.0) -> bool:
         """Make our log a copy of `peer`'s (cutting what diverges), in batches."""
@@ -691,6 +720,10 @@ class Node:
             answer = self._decode_answer(peer, raw)
             if isinstance(answer, Vote) and answer.granted:
                 granted += 1
+                if is_majority(granted, members):
+                    # Won: a dead peer's request must not hold the failover up (the master
+                    # asks the rest for their votes in its term later).
+                    tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             for peer in self.transport.peers():
@@ -745,6 +778,7 @@ class Node:
 
     async def _follow(self, master: NodeId, term: int) -> None:
         logger.info(f"following master {master} (term {term})")
+        self._catch_up_scope.cancel()
         self._catch_up_wanted.set()
 
     async def _step_down(self) -> None:
@@ -825,11 +859,14 @@ class Node:
         addresses = local_addresses(self.config.listen_host)
         while True:
             serves = self.servable() if self.worker else ()
-            resources = gather_resources(
-                self.config.data_dir,
-                self.engine_names,
-                serves,
-                self.worker.runner_pids() if self.worker else None,
+            resources = cap_memory(
+                gather_resources(
+                    self.config.data_dir,
+                    self.engine_names,
+                    serves,
+                    self.worker.runner_pids() if self.worker else None,
+                ),
+                self.config.max_memory,
             )
             report = ReportEvents(
                 events=(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import platform
+import re
 import socket
 
+import msgspec
 import psutil
 
 from exo_core.ids import ModelId, RunnerId
@@ -45,6 +47,34 @@ def gather_resources(
         engines=engines,
         serves=serves,
         runner_memory=resident_memory(runner_pids or {}),
+    )
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?)b?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size such as `600MB`, `1.5GiB`, `512k` or `1000000` (kB, MB, GB, TB are
+    powers of 1000, KiB, MiB, GiB, TiB of 1024)."""
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a size: {text!r} (e.g. 600MB, 1.5GiB)")
+    number, prefix, binary = match.groups()
+    power = "kmgt".find(prefix.lower()) + 1 if prefix else 0
+    return int(float(number) * (1024 if binary else 1000) ** power)
+
+
+def cap_memory(resources: NodeResources, max_memory: int | None) -> NodeResources:
+    """The resources as a node offers them when it may use at most `max_memory` bytes: its
+    total is the cap, and what is free is the cap less its runners' resident memory (and
+    never more than the machine has free)."""
+    if max_memory is None:
+        return resources
+    used = sum(resources.runner_memory.values())
+    return msgspec.structs.replace(
+        resources,
+        memory_total=min(resources.memory_total, max_memory),
+        memory_available=max(0, min(resources.memory_available, max_memory - used)),
     )
 
 

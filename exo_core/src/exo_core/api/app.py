@@ -9,13 +9,13 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
-from exo_core.api.errors import on_http_error, on_unexpected, on_validation_error
+from exo_core.api.errors import on_http_error, on_not_committed, on_unexpected, on_validation_error
 from exo_core.api.exo_routes import ExoRoutesController
 from exo_core.api.native import NativeController
 from exo_core.api.request_ids import send_request_id
 from exo_core.api.security import HttpPolicy, cors_config, guards, host_guard_middleware
 from exo_core.metrics import metrics_middleware
-from exo_core.node import Node
+from exo_core.node import Node, NotCommitted
 
 # The native API's controllers: this project's routes, and exo's own instance routes.
 CORE_CONTROLLERS = [NativeController, ExoRoutesController]
@@ -69,6 +69,7 @@ def _app(node: Node, handlers: list[Any]) -> Litestar:
         exception_handlers={
             ValidationException: on_validation_error,
             HTTPException: on_http_error,
+            NotCommitted: on_not_committed,
             Exception: on_unexpected,
         },
         before_send=[send_request_id],

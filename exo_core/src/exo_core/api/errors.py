@@ -37,3 +37,8 @@ def on_http_error(request: Request, exc: HTTPException) -> Response[dict[str, ob
 def on_unexpected(request: Request, exc: Exception) -> Response[dict[str, object]]:
     """A bug: a 500 whose traceback is in the log under the request id the caller gets."""
     return native_error(500, INTERNAL_ERROR, request_id=log_server_error(request.scope, 500, exc))
+
+
+def on_not_committed(request: Request, exc: TimeoutError) -> Response[dict[str, object]]:
+    """A command that no majority of the cluster took (node.NotCommitted): try again later."""
+    return native_error(503, str(exc))

@@ -5,6 +5,13 @@
     with running_node(tmp_path, plugins=[MyPlugin()]) as node:
         httpx.get(f"{node.url}/state")
 
+A real network on one machine (root): hosts in their own network namespaces on an emulated
+switch with per-link delay, jitter, loss, reordering and rate, links cut and healed at will,
+and exo nodes that find each other by mDNS alone (docs/testing-network.md):
+
+    with emulated_network(3, LinkSpec(delay_ms=1)) as net, exo_on_network(net, tmp_path) as nodes:
+        net.partition([0], [1, 2])
+
 The transport conformance suite is star-imported from `exo_core.testing.transport_conformance`
 (it holds pytest tests).
 """
@@ -19,21 +26,33 @@ from exo_core.testing.harness import (
     running_node,
     wait_until,
 )
+from exo_core.testing.linkemu import LinkSpec
+from exo_core.testing.network import (
+    EmulatedNetwork,
+    emulated_network,
+    exo_on_network,
+    network_problem,
+)
 from exo_core.testing.processes import ExoProcess, exo_processes
 from exo_core.testing.scripted_engine import ECHO, THINKER, ScriptedEngine, ScriptedEnginePlugin
 
 __all__ = [
     "ECHO",
     "THINKER",
+    "EmulatedNetwork",
     "ExoProcess",
+    "LinkSpec",
     "RunningCluster",
     "RunningNode",
     "ScriptedEngine",
     "ScriptedEnginePlugin",
     "converged",
+    "emulated_network",
     "exo_main",
+    "exo_on_network",
     "exo_processes",
     "free_port",
+    "network_problem",
     "running_cluster",
     "running_node",
     "wait_until",

@@ -34,14 +34,16 @@ class ExoProcess:
     args: list[str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    host: str = "127.0.0.1"  # where its API and transport listen
+    launcher: tuple[str, ...] = ()  # run through this (e.g. `ip netns exec NS`)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.api_port}"
+        return f"http://{self.host}:{self.api_port}"
 
     @property
     def bootstrap_addr(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.libp2p_port}"
+        return f"/ip4/{self.host}/tcp/{self.libp2p_port}"
 
     def start(
         self, env: dict[str, str] | None = None, preexec: Callable[[], None] | None = None
@@ -49,7 +51,7 @@ class ExoProcess:
         """Start the process; `preexec` runs in the child before exo (e.g. to set limits)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 (the child writes it until it ends)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "exo_core.cli", *self.args],
+            [*self.launcher, sys.executable, "-m", "exo_core.cli", *self.args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
@@ -63,6 +65,17 @@ class ExoProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
             self.process.wait(timeout=30)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing until `resume`."""
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signal.SIGCONT)
 
     def get(self, path: str, timeout: float = 5.0) -> Any:
         return httpx.get(f"{self.url}{path}", timeout=timeout).json()

@@ -44,6 +44,7 @@ class MemoryNetwork:
     inbox_limit: int = 10_000
     _nodes: dict[str, MemoryTransport] = field(default_factory=dict)
     _cut: set[frozenset[str]] = field(default_factory=set)
+    _silent: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -73,7 +74,16 @@ class MemoryNetwork:
     def heal(self) -> None:
         before = self._links()
         self._cut.clear()
+        self._silent.clear()
         self._announce(before)
+
+    def silence(self, node_id: str) -> None:
+        """The node falls silent as a machine that lost power does: nothing it sends arrives,
+        nothing reaches it, requests to it time out, and no peer is told it disconnected."""
+        self._silent.add(node_id)
+
+    def _heard(self, a: str, b: str) -> bool:
+        return self.linked(a, b) and a not in self._silent and b not in self._silent
 
     def _links(self) -> set[frozenset[str]]:
         ids = list(self._nodes)
@@ -103,7 +113,7 @@ class MemoryNetwork:
 
     def _deliver(self, sender: str, topic: str, payload: bytes) -> None:
         for peer in list(self._nodes.values()):
-            if not self.linked(sender, peer.node_id) or topic not in peer.topics:
+            if not self._heard(sender, peer.node_id) or topic not in peer.topics:
                 continue
             if self.rng.random() < self.faults.loss:
                 continue
@@ -159,6 +169,8 @@ class MemoryTransport(Transport):
             raise RequestFailed(f"peer {peer} answers no requests")
         try:
             async with asyncio.timeout(timeout):
+                if not self._network._heard(self._id, peer):
+                    await asyncio.sleep(timeout + 1)  # no answer ever comes
                 return await target._handler(self._id, payload)
         except TimeoutError as e:
             raise RequestFailed(f"request to {peer} timed out after {timeout}s") from e
