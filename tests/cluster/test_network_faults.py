@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 HOP = LinkSpec(delay_ms=1)
 # What the issue asks commits and failover to survive: 5 % loss and 50 ms of jitter a link.
 LOSSY = LinkSpec(delay_ms=50, jitter_ms=50, loss=0.05)
+FAILOVER_BOUND_S = 5.0
 
 
 @dataclass
@@ -94,6 +95,9 @@ def failover(cluster: Cluster, victim: int) -> float:
     new = cluster.master(among=survivors)
     took = time.monotonic() - killed
     assert new != victim
+    # The issue's target is 2.5 s at 1 ms a hop (measured, printed, in docs/testing-network.md);
+    # twice that, on a machine shared with other work, is a failover that went wrong.
+    assert took < FAILOVER_BOUND_S, f"failover took {took:.2f} s"
     return took
 
 
