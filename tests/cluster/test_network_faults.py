@@ -92,7 +92,11 @@ def failover(cluster: Cluster, victim: int) -> float:
     survivors = [i for i in range(len(cluster.nodes)) if i != victim]
     cluster.nodes[victim].kill()
     killed = time.monotonic()
-    new = cluster.master(among=survivors)
+    try:
+        new = cluster.master(among=survivors)
+    except TimeoutError:
+        tails = {i: cluster.nodes[i].log().splitlines()[-40:] for i in survivors}
+        raise AssertionError(f"no new master in 60 s; the survivors' logs end: {tails}") from None
     took = time.monotonic() - killed
     assert new != victim
     # The issue's target is 2.5 s at 1 ms a hop (measured, printed, in docs/testing-network.md);
