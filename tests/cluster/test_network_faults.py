@@ -67,7 +67,11 @@ class Cluster:
             tips = {(h["master"], h["last_index"]) for h in (n.get("/healthz") for n in self.nodes)}
             return len(tips) == 1 and None not in next(iter(tips))
 
-        wait_until(converged, timeout=90)
+        try:
+            wait_until(converged, timeout=90)
+        except TimeoutError:
+            tails = {n.index: n.log().splitlines()[-30:] for n in self.nodes}
+            raise AssertionError(f"the healed nodes did not converge; logs end: {tails}") from None
         upto = min(n.get("/healthz")["last_index"] for n in self.nodes)
         logs = [read_log(n, upto) for n in self.nodes]
         problems = self.history.check(logs)
