@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.network]
 HOP = LinkSpec(delay_ms=1)
 # What the issue asks commits and failover to survive: 5 % loss and 50 ms of jitter a link.
 LOSSY = LinkSpec(delay_ms=50, jitter_ms=50, loss=0.05)
+FAILOVER_BOUND_S = 5.0
 
 
 @dataclass
@@ -66,7 +67,11 @@ class Cluster:
             tips = {(h["master"], h["last_index"]) for h in (n.get("/healthz") for n in self.nodes)}
             return len(tips) == 1 and None not in next(iter(tips))
 
-        wait_until(converged, timeout=90)
+        try:
+            wait_until(converged, timeout=90)
+        except TimeoutError:
+            tails = {n.index: n.log().splitlines()[-30:] for n in self.nodes}
+            raise AssertionError(f"the healed nodes did not converge; logs end: {tails}") from None
         upto = min(n.get("/healthz")["last_index"] for n in self.nodes)
         logs = [read_log(n, upto) for n in self.nodes]
         problems = self.history.check(logs)
@@ -91,9 +96,16 @@ def failover(cluster: Cluster, victim: int) -> float:
     survivors = [i for i in range(len(cluster.nodes)) if i != victim]
     cluster.nodes[victim].kill()
     killed = time.monotonic()
-    new = cluster.master(among=survivors)
+    try:
+        new = cluster.master(among=survivors)
+    except TimeoutError:
+        tails = {i: cluster.nodes[i].log().splitlines()[-40:] for i in survivors}
+        raise AssertionError(f"no new master in 60 s; the survivors' logs end: {tails}") from None
     took = time.monotonic() - killed
     assert new != victim
+    # The issue's target is 2.5 s at 1 ms a hop (measured, printed, in docs/testing-network.md);
+    # twice that, on a machine shared with other work, is a failover that went wrong.
+    assert took < FAILOVER_BOUND_S, f"failover took {took:.2f} s"
     return took
 
 

@@ -349,17 +349,37 @@ class Node:
                 )
             target = self.election.master
             if target is not None and target != self.node_id:
-                # Cut off, the master is likely out of reach: try briefly (a retry carries the
-                # same command id, which the master answers without applying it again).
-                wait = timing.timeout if cut_off > 0 else 10
-                try:
-                    raw = await self.transport.request(target, encode(envelope), timeout=wait)
-                    answer = self._decode_answer(target, raw)
-                    if isinstance(answer, CommandResult):
-                        return answer
-                except TransportError as e:
-                    logger.debug(f"command to master {target} failed: {e}")
+                answer = await self._ask_master(target, envelope)
+                if answer is not None:
+                    return answer
             await anyio.sleep(0.1)
+
+    async def _ask_master(self, target: NodeId, envelope: CommandEnvelope) -> CommandResult | None:
+        """The master's answer, or None: no answer, or this node was cut off from the
+        majority meanwhile (a link that died silently would keep the request waiting 10 s).
+        Asking again is safe: the master answers a command id it knows without applying it."""
+        answer: CommandResult | None = None
+        timing = self.election.timing
+
+        async def ask(scope: anyio.CancelScope) -> None:
+            nonlocal answer
+            try:
+                raw = await self.transport.request(target, encode(envelope), timeout=10)
+                decoded = self._decode_answer(target, raw)
+                answer = decoded if isinstance(decoded, CommandResult) else None
+            except TransportError as e:
+                logger.debug(f"command to master {target} failed: {e}")
+            scope.cancel()
+
+        async def give_up_when_cut_off(scope: anyio.CancelScope) -> None:
+            while self.election.cut_off_for() < timing.timeout + timing.settle:
+                await anyio.sleep(0.2)
+            scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, tg.cancel_scope)
+            tg.start_soon(give_up_when_cut_off, tg.cancel_scope)
+        return answer
 
     async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
         if node == self.node_id:

@@ -147,7 +147,9 @@ class CrashPoints:
 
     def _owner(self, path: Path) -> SimNode | None:
         for sim in self.cluster.nodes:
-            if path.is_relative_to(sim.node.config.data_path):
+            # A node that has ended owns nothing: its data is its restarted twin's, which
+            # loads it before it takes the old one's place in the list.
+            if path.is_relative_to(sim.node.config.data_path) and not sim.stopped.is_set():
                 return sim
         return None
 
