@@ -43,6 +43,11 @@ async def not_the_state() -> str:
     return "mine"
 
 
+@get("/unannotated")
+async def unannotated():  # type: ignore[no-untyped-def]  # Litestar refuses: no return type
+    return "x"
+
+
 def _accept(contributed: list[tuple[str, list[Any]]]) -> tuple[PluginHost, list[Any]]:
     host = PluginHost(new_plugin_manager())
     ctx = OfflineContext(NodeConfig())
@@ -66,6 +71,13 @@ def test_a_route_the_core_serves_is_refused_naming_the_core() -> None:
     [failure] = host.failures
     assert failure.name == "shadow" and "GET /state is served by the core already" in failure.error
     assert host.warnings == []
+
+
+def test_a_plugin_whose_handler_litestar_refuses_is_left_out_with_litestars_reason() -> None:
+    host, accepted = _accept([("sloppy", [unannotated]), ("fine", [own])])
+    assert accepted == [own]
+    [failure] = host.failures
+    assert failure.name == "sloppy" and "ImproperlyConfiguredException" in failure.error
 
 
 def test_an_engine_message_names_the_engine_once() -> None:
