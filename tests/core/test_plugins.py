@@ -68,6 +68,23 @@ def exo_routes(ctx):
 """
 
 
+# Serves the path `hello` serves: `hello` (called first: registered later) takes it.
+CLASH = """
+from litestar import get
+from exo_core.plugin import hookimpl
+
+
+@get("/hello-from-plugin")
+async def same_path() -> str:
+    return "clash"
+
+
+@hookimpl
+def exo_routes(ctx):
+    return [same_path]
+"""
+
+
 def make_package(root: Path, dist: str, name: str, module: str, code: str) -> Path:
     pkg = root / dist
     (pkg / module).mkdir(parents=True)
@@ -82,6 +99,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     good = make_package(root, "exo-hello", "hello", "exo_hello_plugin", GOOD)
     broken = make_package(root, "exo-broken", "broken", "exo_broken_plugin", BROKEN)
     bad_routes = make_package(root, "exo-bad-routes", "bad_routes", "exo_bad_routes", BAD_ROUTES)
+    clash = make_package(root, "exo-clash", "clash", "exo_clash_plugin", CLASH)
     target = root / "site"
     subprocess.run(
         [
@@ -95,6 +113,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
             str(good),
             str(broken),
             str(bad_routes),
+            str(clash),
         ],
         check=True,
         timeout=300,
@@ -176,3 +195,21 @@ def test_a_plugin_left_out_by_a_startup_hook_is_listed_once_as_failed(
     assert "exo-hello" in loaded
     assert "exo-bad-routes" not in loaded  # pluggy keeps its distinfo after it is left out
     assert failed.count("bad_routes") == 1
+
+
+def test_exo_plugins_runs_the_startup_hooks_and_agrees_with_get_plugins(
+    site: Path, served: tuple[str, subprocess.Popen[str]]
+) -> None:
+    proc = exo(site, "plugins", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "bad_routes           FAILED in exo_routes: RuntimeError: no routes today" in out
+    clash = "clash                FAILED in exo_routes: RouteClash: GET /hello-from-plugin"
+    assert f"{clash} is served by plugin hello already" in out
+    assert "warning: plugin hello: took GET /hello-from-plugin first" in out
+    listed = {line.split()[0] for line in out.splitlines() if "FAILED" in line}
+    body = httpx.get(f"{served[0]}/plugins").json()
+    assert listed == {f["name"] for f in body["failed"]} == {"broken", "bad_routes", "clash"}
+    loaded = {line.split()[0] for line in out.splitlines() if " hooks: " in line}
+    assert loaded == {p["name"] for p in body["plugins"]}
+    assert any("took GET /hello-from-plugin first" in w for w in body["warnings"])

@@ -114,7 +114,7 @@ def build_parser(plugins: PluginHost) -> argparse.ArgumentParser:
             accepted.append(add_options)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     listing = sub.add_parser("plugins", help="list the plugins: loaded, disabled and failed")
-    listing.set_defaults(func=lambda args: _list_plugins(plugins))
+    listing.set_defaults(func=lambda args: _list_plugins(plugins, config_from_args(args)))
     scaffold.add_command(sub)
     for name, add_commands in plugins.implementations("exo_cli_commands"):
         trial = argparse.ArgumentParser().add_subparsers()
@@ -167,7 +167,16 @@ def with_cluster_key(config: NodeConfig, given: str | None, open_network: bool) 
     return msgspec.structs.replace(config, cluster_key=key.secret)
 
 
-def _list_plugins(plugins: PluginHost) -> int:
+def _list_plugins(plugins: PluginHost, config: NodeConfig) -> int:
+    from exo_core.plugin_check import run_startup_hooks
+
+    # The start-up hooks a node would call, so that this listing agrees with `GET /plugins`;
+    # their failures are listed below rather than logged.
+    logger.disable("exo_core")
+    try:
+        run_startup_hooks(plugins, config)
+    finally:
+        logger.enable("exo_core")
     for info in plugins.plugins():
         print(f"{info.name:<20} {info.distribution} {info.version}  hooks: {', '.join(info.hooks)}")
     for name in plugins.disabled:

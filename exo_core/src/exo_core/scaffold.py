@@ -18,6 +18,7 @@ KINDS = ("route", "engine", "observer", "transport")
 
 #: The exo-core versions that carry the plugin API major version of this exo-core.
 CORE_RANGE = "exo-core>=0.1,<0.2"
+CORE_TESTING = "exo-core[testing]>=0.1,<0.2"
 
 PYPROJECT = """\
 [project]
@@ -26,6 +27,10 @@ version = "0.1.0"
 description = "An exo plugin ($kind)"
 requires-python = ">=3.11"
 dependencies = ["$core_range"]
+
+[project.optional-dependencies]
+# exo_core.testing's own needs (pytest, httpx, hypothesis): `pip install -e '.[test]'`.
+test = ["$core_testing"]
 
 [project.entry-points."exo.plugins"]
 $name = "exo_$name.plugin"
@@ -338,7 +343,7 @@ def write_plugin(name: str, kind: str, parent: Path) -> Path:
     if root.exists():
         raise ScaffoldError(f"{root} exists already")
     code, test = TEMPLATES[kind]
-    values = {"name": name, "kind": kind, "core_range": CORE_RANGE}
+    values = {"name": name, "kind": kind, "core_range": CORE_RANGE, "core_testing": CORE_TESTING}
     files = {
         "pyproject.toml": PYPROJECT,
         f"exo_{name}/__init__.py": "",
@@ -366,5 +371,9 @@ def _run(args: argparse.Namespace) -> int:
     except ScaffoldError as e:
         print(f"exo new-plugin: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {root}: install it with `uv pip install -e {root}`, test it with `pytest {root}`")
+    print(
+        f"wrote {root}: install it with `uv pip install -e '{root}[test]'` (add"
+        " `--find-links DIR` for exo's built wheels: docs/plugins.md), test it with"
+        f" `pytest {root}`"
+    )
     return 0

@@ -98,6 +98,16 @@ class _Local:
         self.ready = anyio.Event()
         self.scope = anyio.CancelScope()
         self.model_path = ""
+        #: The engine running it (see `from_engine`), once one is chosen.
+        self.engine = ""
+
+
+def from_engine(engine: str, message: str | None) -> str | None:
+    """`message` (a runner's or a task's error) naming the engine it came from, once."""
+    if not message or not engine:
+        return message
+    prefix = f"engine {engine}: "
+    return message if message.startswith(prefix) else prefix + message
 
 
 class Worker:
@@ -350,6 +360,7 @@ class Worker:
                     engine = self._engine_for(card)
                     if engine is None:
                         raise RunnerDied(f"no engine on this node can serve {card.model_id}")
+                    local.engine = engine.name or type(engine).__name__
                     path = await self._prepare(local, card, engine)
                     local.model_path = str(path)
                     if local.shard.world_size > 1:
@@ -366,13 +377,15 @@ class Worker:
                         data_dir=str(self._data_dir),
                     )
                     runner = local.runner = engine.create_runner(spec)
-                    await runner.serve(lambda s, err: self._set_status(local, s, err))
+                    await runner.serve(
+                        lambda s, err: self._set_status(local, s, from_engine(local.engine, err))
+                    )
                     self._set_status(local, RunnerStatus.STOPPED)
                     return
                 except Exception as e:
                     failures = self._failures.get(instance_id, 0) + 1
                     self._failures[instance_id] = failures
-                    message = public_message(e)
+                    message = from_engine(local.engine, public_message(e)) or ""
                     logger.opt(exception=e).error(
                         f"runner {local.shard.runner_id} failed ({failures}x): {message}"
                     )
@@ -432,7 +445,8 @@ class Worker:
         except Exception as e:
             logger.opt(exception=e).error(f"task {task.task_id} failed")
             final = ErrorChunk(
-                task_id=task.task_id, message=f"generation failed: {public_message(e)}"
+                task_id=task.task_id,
+                message=from_engine(local.engine, f"generation failed: {public_message(e)}") or "",
             )
             if leader:
                 await self._safe_send(task.origin_node, final)

@@ -10,15 +10,11 @@ from litestar.exceptions import HTTPException, ValidationException
 from litestar.openapi import OpenAPIConfig
 
 from exo_core.api.errors import on_http_error, on_not_committed, on_unexpected, on_validation_error
-from exo_core.api.exo_routes import ExoRoutesController
-from exo_core.api.native import NativeController
 from exo_core.api.request_ids import send_request_id
+from exo_core.api.routes_check import CORE_CONTROLLERS, accepted_routes
 from exo_core.api.security import HttpPolicy, cors_config, guards, host_guard_middleware
 from exo_core.metrics import metrics_middleware
 from exo_core.node import Node, NotCommitted
-
-# The native API's controllers: this project's routes, and exo's own instance routes.
-CORE_CONTROLLERS = [NativeController, ExoRoutesController]
 
 
 def http_policy(node: Node) -> HttpPolicy:
@@ -39,22 +35,9 @@ def create_app(node: Node) -> Litestar:
         return _app(node, [*CORE_CONTROLLERS, *(h for _, hs in contributed for h in hs)])
     except Exception:
         pass
-    return _app(node, [*CORE_CONTROLLERS, *_accepted_routes(node, contributed)])
-
-
-def _accepted_routes(node: Node, contributed: list[tuple[str, list[Any]]]) -> list[Any]:
-    """The routes of every plugin that Litestar accepts: a plugin with a handler it cannot
-    build, or with a route an earlier plugin has, is reported and left out."""
-    accepted: list[Any] = []
-    for name, mine in contributed:
-        # A trial app with what is accepted so far (Litestar copies handlers on registration).
-        trial = [*CORE_CONTROLLERS, *accepted, *mine]
-        ok, _ = node.plugins.attempt(
-            name, "exo_routes", _app, leave_out=True, node=node, handlers=trial
-        )
-        if ok:
-            accepted.extend(mine)
-    return accepted
+    # A plugin's handlers are refused, or two serve one route: find out which (routes_check).
+    mine = accepted_routes(node.plugins, contributed, lambda handlers: _app(node, handlers))
+    return _app(node, [*CORE_CONTROLLERS, *mine])
 
 
 def _app(node: Node, handlers: list[Any]) -> Litestar:

