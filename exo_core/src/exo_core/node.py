@@ -190,7 +190,8 @@ class Node:
         self._priority = sum(plugins.results("exo_election_priority", config=config))
         self._catch_up_wanted = anyio.Event()
         self._report_now = anyio.Event()
-        self._catch_up_scope = anyio.CancelScope()
+        # The catch-up in flight (made inside the loop: a CancelScope needs a running loop).
+        self._catch_up_scope: anyio.CancelScope | None = None
         self._in_flight: Counter[str] = Counter()
         self._refusals_logged: dict[str, float] = {}
         self._tg: TaskGroup | None = None
@@ -798,7 +799,8 @@ class Node:
 
     async def _follow(self, master: NodeId, term: int) -> None:
         logger.info(f"following master {master} (term {term})")
-        self._catch_up_scope.cancel()
+        if self._catch_up_scope is not None:
+            self._catch_up_scope.cancel()
         self._catch_up_wanted.set()
 
     async def _step_down(self) -> None:

@@ -58,7 +58,11 @@ def accepted_routes(
             continue
         # Beside the others (dependency names, handler names) as the real app will have them.
         ok, _ = plugins.attempt(
-            name, "exo_routes", trial, leave_out=True, handlers=[*CORE_CONTROLLERS, *accepted, *mine]
+            name,
+            "exo_routes",
+            trial,
+            leave_out=True,
+            handlers=[*CORE_CONTROLLERS, *accepted, *mine],
         )
         if ok:
             owners.update(dict.fromkeys(keys, name))
