@@ -10,12 +10,21 @@
 
 namespace exo_kernels {
 
+// How a layer's scales and biases are stored: float32, or the 16 bits they came in (a GGUF's
+// float16, an MLX model's bfloat16), which a decode step then reads instead of 32.
+enum class ScaleType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
 // One call of the quantized matmul: what every path (portable, AVX2, AVX-512) reads.
 struct Problem {
   const float* x;         // [M, K]
   const uint32_t* w;      // [N, K * bits / 32]
+  // [N, G] float32. For 16-bit scales (`scale_type`) `rows` points these at float32 copies of
+  // the rows it hands a kernel (exact widening), so every kernel reads float32 alike.
   const float* scales;    // [N, G]
   const float* biases;    // [N, G]
+  ScaleType scale_type = ScaleType::f32;
+  const uint16_t* scales16 = nullptr;  // [N, G] when scale_type is f16 or bf16
+  const uint16_t* biases16 = nullptr;
   float* out;             // [M, N]
   const float* xsum;      // [M, G]
   const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
@@ -34,9 +43,14 @@ struct Problem {
 
 // out[M, N] = x[M, K] @ dequantize(w, scales, biases).T, x row-contiguous float32: the exact
 // computation of the quantized_matmul primitive (same paths, same thread pool), run here.
+// `scales` and `biases` are float32, or 16-bit words of `scale_type`.
 void matmul_rows(
-    const float* x, int64_t M, int64_t K, const uint32_t* w, const float* scales,
-    const float* biases, int64_t N, int group_size, int bits, bool int8, float* out);
+    const float* x, int64_t M, int64_t K, const uint32_t* w, const void* scales,
+    const void* biases, ScaleType scale_type, int64_t N, int group_size, int bits, bool int8,
+    float* out);
+
+// n 16-bit floats of `type` (f16 or bf16) widened to float32 (exact; F16C where present).
+void widen(const uint16_t* src, ScaleType type, int64_t n, float* dst);
 
 // Whether to take the AVX2+FMA paths: the CPU has them and tests did not force the portable one.
 bool use_avx2();
