@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -96,6 +98,51 @@ __attribute__((always_inline)) inline void prefetch_row(const Problem& p, int64_
   const int64_t row_bytes = p.K * p.bits / 8;
   const char* row = reinterpret_cast<const char*>(p.w) + n * row_bytes;
   for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
+}
+
+// 16-bit scales as the kernels that read them in place see them (the one-row decode kernels:
+// there the widening pass of `rows` cost ~10 % of a 4-bit group-32 step, more than the bytes it
+// saved). `scale_at` is the float32 value (exact), `two_scales` two neighbours in lanes 0-1.
+struct F16 {
+  uint16_t bits;
+};
+struct BF16 {
+  uint16_t bits;
+};
+
+template <class T>
+inline const T* scales_of(const Problem& p) {
+  if constexpr (std::is_same_v<T, float>) return p.scales;
+  else return reinterpret_cast<const T*>(p.scales16);
+}
+template <class T>
+inline const T* biases_of(const Problem& p) {
+  if constexpr (std::is_same_v<T, float>) return p.biases;
+  else return reinterpret_cast<const T*>(p.biases16);
+}
+
+inline float scale_at(const float* s, int64_t i) {
+  return s[i];
+}
+__attribute__((target("f16c"))) inline float scale_at(const F16* s, int64_t i) {
+  return _cvtsh_ss(s[i].bits);
+}
+inline float scale_at(const BF16* s, int64_t i) {
+  return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(s[i].bits) << 16)));
+}
+
+inline __m128 two_scales(const float* s) {
+  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
+}
+__attribute__((target("f16c"))) inline __m128 two_scales(const F16* s) {
+  int32_t pair;
+  std::memcpy(&pair, s, sizeof pair);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+}
+__attribute__((target("sse4.1"))) inline __m128 two_scales(const BF16* s) {
+  int32_t pair;
+  std::memcpy(&pair, s, sizeof pair);
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_cvtsi32_si128(pair)), 16));
 }
 
 // The sum of a vector's 8 lanes, always in the same order.

@@ -738,6 +738,7 @@ void quantize_rows(const float* x, int64_t blocks, int bits, int8_t* qx, float* 
   quantize_rows_scalar(x, blocks, bits, qx, dx);
 }
 
+// Every path, by the layer and the call (16-bit scales only where `reads_half_scales`).
 void rows_f32(const Problem& p, int64_t n0, int64_t n1) {
 #ifdef EXO_X86
   if (has_avx2()) {
@@ -775,11 +776,18 @@ void rows_f32(const Problem& p, int64_t n0, int64_t n1) {
 // in L1/L2 next to the rows' reads, and the one-row kernels' prefetches run ahead as before.
 constexpr int64_t kWidenRows = 32;
 
-// Rows [n0, n1) of W against x. 16-bit scales and biases are widened to float32 a few rows at
-// a time into this thread's buffers, which the kernels then read as `p.scales` / `p.biases`:
-// the same values, so the same bits as float32 scales, for 2 bytes read a group instead of 4.
+// The kernels that read 16-bit scales in place, each widened where it is read: a one-row
+// decode step on AVX-512 (where a widening pass first cost more than the bytes it saved).
+bool reads_half_scales(const Problem& p) {
+  return p.M == 1 && exo_kernels::avx512_takes(p);
+}
+
+// Rows [n0, n1) of W against x. 16-bit scales and biases are read in place where the kernel
+// can (`reads_half_scales`), else widened to float32 a few rows at a time into this thread's
+// buffers, which the kernels then read as `p.scales` / `p.biases`. Either way the same values,
+// so the same bits as float32 scales, for 2 bytes read a group instead of 4.
 void rows(const Problem& p, int64_t n0, int64_t n1) {
-  if (p.scale_type == exo_kernels::ScaleType::f32) {
+  if (p.scale_type == exo_kernels::ScaleType::f32 || reads_half_scales(p)) {
     rows_f32(p, n0, n1);
     return;
   }
