@@ -81,7 +81,7 @@ def test_half_scales_give_the_float32_bits(
     path: str, dtype: str, int8: bool, bits: int, group_size: int, k: int, rows: int
 ) -> None:
     """Every kernel path: 16-bit scales give bit for bit the result of their float32 copies.
-    203 weight rows: more than one widening step (32 rows) and a tail of 11; 2048 wide: the 1B
+    203 weight rows: many widening steps of 4 rows and a tail of 3; 2048 wide: the 1B
     model's layers at Q4_0's group of 32."""
     wq, scales, biases = _layer(203, k, group_size, bits, dtype)
     x = mx.random.normal((rows, k), key=mx.random.key(rows))
