@@ -59,7 +59,9 @@ def _variant(base: list[tuple[mx.array, mx.array]], group: int, dtype: mx.Dtype)
 
 
 def _step(layers: list[Layer], xs: dict[int, mx.array]) -> list[mx.array]:
-    return [kernels.quantized_matmul(xs[int(w.shape[1]) * 8], w, s, b, g, 4) for w, s, b, g in layers]
+    return [
+        kernels.quantized_matmul(xs[int(w.shape[1]) * 8], w, s, b, g, 4) for w, s, b, g in layers
+    ]
 
 
 def _bytes(layers: list[Layer]) -> int:
@@ -89,7 +91,7 @@ def main() -> None:
         assert all(mx.array_equal(p, q).item() for p, q in zip(a, b, strict=True))
     times: dict[str, list[float]] = {name: [] for name in variants}
     cpu: dict[str, list[float]] = {name: [] for name in variants}
-    for name, layers in variants.items():  # warm-up
+    for layers in variants.values():  # warm-up
         mx.eval(_step(layers, xs))
     for _ in range(args.repeats):
         for name, layers in variants.items():
