@@ -30,6 +30,7 @@ from exo_engine_mlx.cpu_kernels import (
     KERNEL_GFLOPS_AVX512,
     KernelQuantizedEmbedding,
     KernelQuantizedLinear,
+    compact_scales,
     dense_weight,
     dequantize_pays,
     fuse_linears,
@@ -170,6 +171,56 @@ def test_kept_dense_budget() -> None:
     assert kept_dense_budget(gib, {"EXO_KEEP_DENSE_BYTES": "1000"}) == 1000
     with pytest.raises(ValueError, match="EXO_KEEP_DENSE_BYTES"):
         kept_dense_budget(gib, {"EXO_KEEP_DENSE_BYTES": "lots"})
+
+
+def _kernel_layers(model: nn.Module) -> list[nn.Module]:
+    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding)
+    return [m for _, m in model.named_modules() if isinstance(m, kinds)]
+
+
+@pytest.mark.parametrize(
+    ("weight_type", "embd_type", "tied"),
+    [("Q4_0", "Q8_0", True), ("Q4_1", "Q4_1", False), ("Q8_0", "Q8_0", True)],
+)
+def test_gguf_scales_stay_float16_with_the_same_bits(
+    tiny_gguf: MakeGGUF,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    weight_type: str,
+    embd_type: str,
+    tied: bool,
+) -> None:
+    """A GGUF's scales and biases (float16 in the file; Q4_0's bias is -8 * scale) stay 16-bit
+    on the kernels, so a decode step reads 5 bits a 4-bit weight, not 6; the logits of a
+    prompt and of a one-token step are bit for bit those of float32 scales."""
+    model_dir = import_gguf(
+        tiny_gguf(weight_type=weight_type, embd_type=embd_type, tied=tied), tmp_path / "m", "t"
+    )
+    half_model, _ = _kernel_model(model_dir, int8=False)
+    layers = _kernel_layers(half_model)
+    assert layers and all(m["scales"].dtype == m["biases"].dtype == mx.float16 for m in layers)
+    monkeypatch.setattr(
+        cpu_kernels, "compact_scales", lambda s, b: (s.astype(mx.float32), b.astype(mx.float32))
+    )
+    full_model, _ = _kernel_model(model_dir, int8=False)
+    assert all(m["scales"].dtype == mx.float32 for m in _kernel_layers(full_model))
+    ids = mx.array([[3, 17, 42, 99, 5, 250, 7]])
+    for rows in (ids, ids[:, :1]):
+        assert np.array_equal(np.array(half_model(rows)), np.array(full_model(rows)))
+
+
+def test_compact_scales_picks_the_narrowest_exact_type() -> None:
+    f16_exact = mx.array([[0.5, -4.0, 6.103515625e-05, 1024.0]])
+    bf16_only = mx.array([[1e-30, 2.0**100, 0.5, 1.0]])  # outside float16's range
+    neither = mx.array([[0.1, 1.0 / 3.0, 2.0, 4.0]])
+    nan = mx.array([[float("nan"), 1.0, 2.0, 3.0]])
+    assert [a.dtype for a in compact_scales(f16_exact, -8 * f16_exact)] == [mx.float16] * 2
+    bf16 = bf16_only.astype(mx.bfloat16).astype(mx.float32)
+    assert [a.dtype for a in compact_scales(bf16, f16_exact)] == [mx.bfloat16] * 2
+    for odd in (neither, nan):
+        got = compact_scales(f16_exact, odd)
+        assert [a.dtype for a in got] == [mx.float32] * 2
+        assert np.array_equal(np.array(got[1]), np.array(odd), equal_nan=True)
 
 
 def test_unsupported_layers_are_left_alone() -> None:

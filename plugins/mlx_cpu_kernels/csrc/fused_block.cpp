@@ -29,6 +29,7 @@
 #include "mlx/primitives.h"
 
 #include "kernels.h"
+#include "scales.h"
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
@@ -181,8 +182,8 @@ void Settings::compute(const std::vector<mx::array>& in, std::vector<mx::array>&
     y = t_out.data();
   }
   exo_kernels::matmul_rows(
-      input, M, K, in[1].data<uint32_t>(), in[2].data<float>(), in[3].data<float>(), N,
-      group_size_, bits_, int8_, y);
+      input, M, K, in[1].data<uint32_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(),
+      exo_kernels::scale_type(in[2], in[3]), N, group_size_, bits_, int8_, y);
   if (residual_) {
     const float* r = dense_rows(in.back(), t_residual);
     for (int64_t i = 0; i < M * N; ++i) y[i] = r[i] + y[i];
@@ -284,7 +285,8 @@ std::vector<mx::array> fused_linear(
   auto packed = [&](const mx::array& a) {
     return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, stream);
   };
-  std::vector<mx::array> inputs = {f32(x), packed(w), packed(f32(scales)), packed(f32(biases))};
+  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, packed);
+  std::vector<mx::array> inputs = {f32(x), packed(w), s, b};
   if (kind == Prologue::rms_norm) inputs.push_back(f32(*norm_weight));
   if (residual) {
     mx::Shape expected = x.shape();

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -10,12 +12,21 @@
 
 namespace exo_kernels {
 
+// How a layer's scales and biases are stored: float32, or the 16 bits they came in (a GGUF's
+// float16, an MLX model's bfloat16), which a decode step then reads instead of 32.
+enum class ScaleType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
 // One call of the quantized matmul: what every path (portable, AVX2, AVX-512) reads.
 struct Problem {
   const float* x;         // [M, K]
   const uint32_t* w;      // [N, K * bits / 32]
+  // [N, G] float32. For 16-bit scales (`scale_type`) `rows` points these at float32 copies of
+  // the rows it hands a kernel (exact widening), so every kernel reads float32 alike.
   const float* scales;    // [N, G]
   const float* biases;    // [N, G]
+  ScaleType scale_type = ScaleType::f32;
+  const uint16_t* scales16 = nullptr;  // [N, G] when scale_type is f16 or bf16
+  const uint16_t* biases16 = nullptr;
   float* out;             // [M, N]
   const float* xsum;      // [M, G]
   const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)
@@ -34,9 +45,14 @@ struct Problem {
 
 // out[M, N] = x[M, K] @ dequantize(w, scales, biases).T, x row-contiguous float32: the exact
 // computation of the quantized_matmul primitive (same paths, same thread pool), run here.
+// `scales` and `biases` are float32, or 16-bit words of `scale_type`.
 void matmul_rows(
-    const float* x, int64_t M, int64_t K, const uint32_t* w, const float* scales,
-    const float* biases, int64_t N, int group_size, int bits, bool int8, float* out);
+    const float* x, int64_t M, int64_t K, const uint32_t* w, const void* scales,
+    const void* biases, ScaleType scale_type, int64_t N, int group_size, int bits, bool int8,
+    float* out);
+
+// n 16-bit floats of `type` (f16 or bf16) widened to float32 (exact; F16C where present).
+void widen(const uint16_t* src, ScaleType type, int64_t n, float* dst);
 
 // Whether to take the AVX2+FMA paths: the CPU has them and tests did not force the portable one.
 bool use_avx2();
@@ -82,6 +98,51 @@ __attribute__((always_inline)) inline void prefetch_row(const Problem& p, int64_
   const int64_t row_bytes = p.K * p.bits / 8;
   const char* row = reinterpret_cast<const char*>(p.w) + n * row_bytes;
   for (int64_t line = 0; line < row_bytes; line += 64) _mm_prefetch(row + line, _MM_HINT_T0);
+}
+
+// 16-bit scales as the kernels that read them in place see them (the one-row decode kernels:
+// there the widening pass of `rows` cost ~10 % of a 4-bit group-32 step, more than the bytes it
+// saved). `scale_at` is the float32 value (exact), `two_scales` two neighbours in lanes 0-1.
+struct F16 {
+  uint16_t bits;
+};
+struct BF16 {
+  uint16_t bits;
+};
+
+template <class T>
+inline const T* scales_of(const Problem& p) {
+  if constexpr (std::is_same_v<T, float>) return p.scales;
+  else return reinterpret_cast<const T*>(p.scales16);
+}
+template <class T>
+inline const T* biases_of(const Problem& p) {
+  if constexpr (std::is_same_v<T, float>) return p.biases;
+  else return reinterpret_cast<const T*>(p.biases16);
+}
+
+inline float scale_at(const float* s, int64_t i) {
+  return s[i];
+}
+__attribute__((target("f16c"))) inline float scale_at(const F16* s, int64_t i) {
+  return _cvtsh_ss(s[i].bits);
+}
+inline float scale_at(const BF16* s, int64_t i) {
+  return _mm_cvtss_f32(_mm_castsi128_ps(_mm_cvtsi32_si128(static_cast<int>(s[i].bits) << 16)));
+}
+
+inline __m128 two_scales(const float* s) {
+  return _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(s)));
+}
+__attribute__((target("f16c"))) inline __m128 two_scales(const F16* s) {
+  int32_t pair;
+  std::memcpy(&pair, s, sizeof pair);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+}
+__attribute__((target("sse4.1"))) inline __m128 two_scales(const BF16* s) {
+  int32_t pair;
+  std::memcpy(&pair, s, sizeof pair);
+  return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(_mm_cvtsi32_si128(pair)), 16));
 }
 
 // The sum of a vector's 8 lanes, always in the same order.

@@ -28,6 +28,7 @@
 #include "mlx/utils.h"
 
 #include "kernels.h"
+#include "scales.h"
 
 #include <atomic>
 #include <chrono>
@@ -737,7 +738,8 @@ void quantize_rows(const float* x, int64_t blocks, int bits, int8_t* qx, float* 
   quantize_rows_scalar(x, blocks, bits, qx, dx);
 }
 
-void rows(const Problem& p, int64_t n0, int64_t n1) {
+// Every path, by the layer and the call (16-bit scales only where `reads_half_scales`).
+void rows_f32(const Problem& p, int64_t n0, int64_t n1) {
 #ifdef EXO_X86
   if (has_avx2()) {
     if (p.dequantize)
@@ -768,6 +770,50 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
     rows_scalar_q8(p, n0, n1);
   else
     rows_scalar(p, n0, n1);
+}
+
+// Weight rows per widening of 16-bit scales (their float32 copies, 2 x 4 G bytes a row, stay in
+// L1): one block of the one-row kernels (4 rows; the AVX2 4-bit group-32 one-row step with 32
+// rows a widening ran ~4 % slower than float32 scales, with 4 as fast, one core), 256 for
+// many rows (the widening a small part of their work).
+constexpr int64_t kWidenRowsOne = 4;
+constexpr int64_t kWidenRowsMany = 256;
+
+// The kernels that read 16-bit scales in place, each row block's widened into L1 as it starts:
+// a one-row decode step on AVX-512.
+bool reads_half_scales(const Problem& p) {
+  return p.M == 1 && exo_kernels::avx512_takes(p);
+}
+
+// Rows [n0, n1) of W against x. 16-bit scales and biases are read in place where the kernel
+// can (`reads_half_scales`), else widened to float32 a few rows at a time into this thread's
+// buffers, which the kernels then read as `p.scales` / `p.biases`. Either way the same values,
+// so the same bits as float32 scales, for 2 bytes read a group instead of 4.
+void rows(const Problem& p, int64_t n0, int64_t n1) {
+  if (p.scale_type == exo_kernels::ScaleType::f32 || reads_half_scales(p)) {
+    rows_f32(p, n0, n1);
+    return;
+  }
+  thread_local std::vector<float> scales;
+  thread_local std::vector<float> biases;
+  const int64_t step = p.M == 1 && !p.dequantize ? kWidenRowsOne : kWidenRowsMany;
+  scales.resize(step * p.G);
+  biases.resize(step * p.G);
+  for (int64_t s0 = n0; s0 < n1; s0 += step) {
+    const int64_t s1 = std::min(n1, s0 + step);
+    const int64_t count = (s1 - s0) * p.G;
+    exo_kernels::widen(p.scales16 + s0 * p.G, p.scale_type, count, scales.data());
+    exo_kernels::widen(p.biases16 + s0 * p.G, p.scale_type, count, biases.data());
+    Problem q = p;
+    // The kernels index row n's scales at n * G: point the copies' base s0 rows back (the
+    // kernels only read rows [s0, s1), inside the buffers).
+    q.scales = reinterpret_cast<const float*>(
+        reinterpret_cast<uintptr_t>(scales.data()) - s0 * p.G * sizeof(float));
+    q.biases = reinterpret_cast<const float*>(
+        reinterpret_cast<uintptr_t>(biases.data()) - s0 * p.G * sizeof(float));
+    q.scale_type = exo_kernels::ScaleType::f32;
+    rows_f32(q, s0, s1);
+  }
 }
 
 // ---------------------------------------------------------------- the thread pool
@@ -959,8 +1005,7 @@ class QuantizedMatmulCPU : public mx::Primitive {
     p.bits = bits_;
     p.x = x.data<float>();
     p.w = w.data<uint32_t>();
-    p.scales = scales.data<float>();
-    p.biases = biases.data<float>();
+    exo_kernels::set_scales(p, scales, biases);
     p.out = out.data<float>();
 
     auto& encoder = mx::cpu::get_command_encoder(stream());
@@ -1029,13 +1074,15 @@ mx::array quantized_matmul(
   auto f32 = [&](const mx::array& a) {
     return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
   };
+  auto contiguous = [&](const mx::array& a) { return mx::contiguous(a, false, stream); };
+  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, contiguous);
   mx::Shape out_shape = x.shape();
   out_shape.back() = static_cast<int>(N);
   return mx::array(
       out_shape,
       mx::float32,
       std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, false, int8_activations),
-      {f32(x), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
+      {f32(x), contiguous(w), s, b});
 }
 
 mx::array dequantize(
@@ -1054,12 +1101,14 @@ mx::array dequantize(
   auto f32 = [&](const mx::array& a) {
     return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
   };
-  // The first input is unused by the dequantize path; `scales` stands in for it.
+  auto contiguous = [&](const mx::array& a) { return mx::contiguous(a, false, stream); };
+  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, contiguous);
+  // The first input is unused by the dequantize path; a float32 scalar stands in for it.
   return mx::array(
       {static_cast<int>(N), static_cast<int>(K)},
       mx::float32,
       std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, true),
-      {f32(scales), mx::contiguous(w, false, stream), f32(scales), f32(biases)});
+      {mx::array(0.0f), contiguous(w), s, b});
 }
 
 }  // namespace
@@ -1071,8 +1120,9 @@ bool use_avx2() {
 }
 
 void matmul_rows(
-    const float* x, int64_t M, int64_t K, const uint32_t* w, const float* scales,
-    const float* biases, int64_t N, int group_size, int bits, bool int8, float* out) {
+    const float* x, int64_t M, int64_t K, const uint32_t* w, const void* scales,
+    const void* biases, ScaleType scale_type, int64_t N, int group_size, int bits, bool int8,
+    float* out) {
   Problem p{};
   p.int8 = int8;
   p.K = K;
@@ -1083,8 +1133,14 @@ void matmul_rows(
   p.bits = bits;
   p.x = x;
   p.w = w;
-  p.scales = scales;
-  p.biases = biases;
+  p.scale_type = scale_type;
+  if (scale_type == ScaleType::f32) {
+    p.scales = static_cast<const float*>(scales);
+    p.biases = static_cast<const float*>(biases);
+  } else {
+    p.scales16 = static_cast<const uint16_t*>(scales);
+    p.biases16 = static_cast<const uint16_t*>(biases);
+  }
   p.out = out;
   compute(p);
 }

@@ -48,7 +48,7 @@ bool avx512_takes(const Problem& p) {
 }
 
 #ifdef EXO_X86
-#define EXO_AVX512 __attribute__((target("avx512f,avx2,fma")))
+#define EXO_AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
 
 namespace {
 
@@ -115,16 +115,16 @@ EXO_AVX512 inline __m512 bytes16(const uint8_t* b) {
 template <int BITS, int GS>
 constexpr int64_t kUnit = BITS == 4 && GS < 64 ? 64 : GS;
 
-// The scale of each lane in unit u of a weight row whose scales start at `sr`.
-template <int BITS, int GS>
-EXO_AVX512 inline __m512 unit_scale(const float* sr, int64_t u) {
+// The scale of each lane in unit u of a weight row whose scales start at `sr` (float32, or
+// 16-bit ones widened here: F16, BF16).
+template <int BITS, int GS, class T>
+EXO_AVX512 inline __m512 unit_scale(const T* sr, int64_t u) {
   if constexpr (BITS == 4 && GS == 32) {
-    const __m128 two = _mm_castsi128_ps(
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sr + 2 * u)));
+    const __m128 two = two_scales(sr + 2 * u);
     const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
     return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(two));
   } else {
-    return _mm512_set1_ps(sr[u]);
+    return _mm512_set1_ps(scale_at(sr, u));
   }
 }
 
@@ -135,8 +135,25 @@ EXO_AVX512 inline __m512 unit_scale(const float* sr, int64_t u) {
 // SmolLM2's 121 matmuls of a step (one row, Zen 5): 8.1 ms without, 6.2-6.7 with 4-32 rows.
 constexpr int64_t kAhead = 8;
 
+// n 16-bit scales (F16, BF16) as float32, 16 a vector (exact).
+template <class T>
+EXO_AVX512 inline void widen_row(const T* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    if constexpr (std::is_same_v<T, F16>)
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(h));
+    else
+      _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) dst[i] = scale_at(src, i);
+}
+
 // Row m of x against W weight rows from n: the x loads are shared, the W chains interleave.
-template <int BITS, int GS, int W>
+// T: how the scales are stored (float, F16, BF16). 16-bit ones are widened first, the W rows'
+// at once into an L1 buffer, 16 a vector: read one at a time where used, their conversions
+// cost a 4-bit group-32 step ~15 % (it is bound by instructions, not by memory, on one core).
+template <int BITS, int GS, int W, class T>
 EXO_AVX512 inline void row_block(const Problem& p, int64_t n, int64_t m) {
   constexpr int64_t unit = kUnit<BITS, GS>;
   const int64_t units = p.K / unit;
@@ -144,10 +161,28 @@ EXO_AVX512 inline void row_block(const Problem& p, int64_t n, int64_t m) {
   const uint8_t* wr[W];
   const float* sr[W];
   const float* br[W];
-  for (int j = 0; j < W; ++j) {
-    wr[j] = reinterpret_cast<const uint8_t*>(p.w) + (n + j) * row_bytes;
-    sr[j] = p.scales + (n + j) * p.G;
-    br[j] = p.biases + (n + j) * p.G;
+  for (int j = 0; j < W; ++j) wr[j] = reinterpret_cast<const uint8_t*>(p.w) + (n + j) * row_bytes;
+  if constexpr (std::is_same_v<T, float>) {
+    for (int j = 0; j < W; ++j) {
+      sr[j] = p.scales + (n + j) * p.G;
+      br[j] = p.biases + (n + j) * p.G;
+    }
+  } else {
+    thread_local Scratch widened;
+    float* buf = widened.get(2 * W * p.G);
+    const int64_t row_scales_bytes = p.G * static_cast<int64_t>(sizeof(T));
+    for (int j = 0; j < W; ++j) {
+      const T* s16 = scales_of<T>(p) + (n + j) * p.G;
+      const T* b16 = biases_of<T>(p) + (n + j) * p.G;
+      for (int64_t line = 0; line < row_scales_bytes; line += 64) {  // the row kAhead on
+        _mm_prefetch(reinterpret_cast<const char*>(s16 + kAhead * p.G) + line, _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(b16 + kAhead * p.G) + line, _MM_HINT_T0);
+      }
+      sr[j] = buf + j * p.G;
+      br[j] = buf + (W + j) * p.G;
+      widen_row(s16, p.G, buf + j * p.G);
+      widen_row(b16, p.G, buf + (W + j) * p.G);
+    }
   }
   const float* xr = p.xp + m * p.K;
   __m512 total[W];
@@ -182,8 +217,10 @@ EXO_AVX512 inline void row_block(const Problem& p, int64_t n, int64_t m) {
       }
     }
     for (int j = 0; j < W; ++j) {
-      _mm_prefetch(reinterpret_cast<const char*>(sr[j] + kAhead * p.G + u), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(br[j] + kAhead * p.G + u), _MM_HINT_T0);
+      if constexpr (std::is_same_v<T, float>) {
+        _mm_prefetch(reinterpret_cast<const char*>(sr[j] + kAhead * p.G + u), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(br[j] + kAhead * p.G + u), _MM_HINT_T0);
+      }
       const __m512 scale = unit_scale<BITS, GS>(sr[j], u);
       total[j] = _mm512_fmadd_ps(_mm512_add_ps(a[j], b[j]), scale, total[j]);
     }
@@ -196,11 +233,11 @@ EXO_AVX512 inline void row_block(const Problem& p, int64_t n, int64_t m) {
   for (int j = 0; j < W; ++j) p.out[m * p.N + n + j] = hsum512(total[j]) + bias_term[j];
 }
 
-template <int BITS, int GS>
+template <int BITS, int GS, class T>
 EXO_AVX512 void one_row(const Problem& p, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) row_block<BITS, GS, 4>(p, n, 0);
-  for (; n < n1; ++n) row_block<BITS, GS, 1>(p, n, 0);
+  for (; n + 4 <= n1; n += 4) row_block<BITS, GS, 4, T>(p, n, 0);
+  for (; n < n1; ++n) row_block<BITS, GS, 1, T>(p, n, 0);
 }
 
 // ---------------------------------------------------------------- many rows of x
@@ -333,12 +370,17 @@ EXO_AVX512 void many_rows(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
+// 16-bit scales reach here only for one row (`reads_half_scales`); `rows` widens the rest.
 template <int BITS, int GS>
 void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   if (p.M > 1)
     many_rows<BITS, GS>(p, n0, n1);
+  else if (p.scale_type == ScaleType::f16)
+    one_row<BITS, GS, F16>(p, n0, n1);
+  else if (p.scale_type == ScaleType::bf16)
+    one_row<BITS, GS, BF16>(p, n0, n1);
   else
-    one_row<BITS, GS>(p, n0, n1);
+    one_row<BITS, GS, float>(p, n0, n1);
 }
 
 template <int BITS>

@@ -222,6 +222,19 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    def __call__(self, x: mx.array) -> mx.array:
+        # MLX dequantizes in the scales' dtype: the looked-up rows' 16-bit scales go to float32
+        # first (exact), so the hidden state is what float32 scales gave, bit for bit.
+        biases = self["biases"]
+        return mx.dequantize(
+            self["weight"][x],
+            scales=self["scales"][x].astype(mx.float32),
+            biases=biases[x].astype(mx.float32),
+            group_size=self.group_size,
+            bits=self.bits,
+            mode=self.mode,
+        )
+
     def as_linear(self, x: mx.array) -> mx.array:  # the tied output head
         return quantized_linear(x, self)
 
@@ -252,11 +265,29 @@ def _is_head(name: str, m: nn.Module) -> bool:
     return isinstance(m, nn.QuantizedEmbedding) or name.rsplit(".", 1)[-1] == "lm_head"
 
 
+def compact_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.array]:
+    """A layer's scales and biases in the narrowest of float16, bfloat16 and float32 that holds
+    every value of both exactly (a GGUF's Q4_0/Q4_1 groups: float16, also Q4_0's implicit
+    bias -8 * scale). The kernels widen 16-bit ones to float32 as they read them, so the
+    results are bit for bit those of float32 copies; a 4-bit group-32 decode step reads 5 bits
+    a weight instead of 6."""
+    for dtype in (mx.float16, mx.bfloat16):
+        narrow = scales.astype(dtype), biases.astype(dtype)
+        if all(
+            mx.array_equal(n.astype(mx.float32), a.astype(mx.float32)).item()
+            for n, a in zip(narrow, (scales, biases), strict=True)
+        ):
+            return narrow
+    return scales.astype(mx.float32), biases.astype(mx.float32)
+
+
 def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None = None) -> int:
     """Switch every supported quantized layer to the kernel classes, in place.
 
     Only the class changes: parameters, names and the sharding wrappers' state stay as they
-    are. Scales and biases are upcast to float32 (the CPU must not compute in fp16/bf16).
+    are. Scales and biases are kept in the narrowest float type that holds them exactly
+    (`compact_scales`: the bytes a decode step reads); the kernels compute in float32 either
+    way (the CPU must not compute in fp16/bf16).
     `int8`: int8 activations (None: from EXO_CPU_KERNELS, int8 only when `int8`).
     Returns the number of layers switched."""
     kernels.set_num_threads(threads or kernels.usable_cores())
@@ -265,8 +296,8 @@ def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None 
     for name, m in model.named_modules():
         kind: Any = type(m)
         if kind in _KERNEL_CLASS and _supported(m):
-            for key in ("scales", "biases"):
-                m[key] = m[key].astype(mx.float32)
+            m["scales"], m["biases"] = compact_scales(m["scales"], m["biases"])
+            mx.eval(m["scales"], m["biases"])  # a layer at a time: no lazy float32 copies held
             m.__class__ = _KERNEL_CLASS[kind]
             # A plain attribute, not a parameter. The output head keeps float activations:
             # its rounding would flip near-tied argmaxes directly (SmolLM2 greedy text).

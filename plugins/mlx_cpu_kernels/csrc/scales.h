@@ -1,0 +1,48 @@
+// How the primitives take a layer's scales and biases: in the 16 bits they came in when both
+// are float16 (or both bfloat16), else as float32. The kernels widen 16-bit ones a few rows at
+// a time (`widen`), exactly, so the dtype changes the bytes a step reads, never its result.
+#pragma once
+
+#include <utility>
+
+#include "mlx/array.h"
+#include "mlx/stream.h"
+#include "mlx/ops.h"
+
+#include "kernels.h"
+
+namespace exo_kernels {
+
+inline ScaleType scale_type(const mlx::core::array& scales, const mlx::core::array& biases) {
+  if (scales.dtype() != biases.dtype()) return ScaleType::f32;
+  if (scales.dtype() == mlx::core::float16) return ScaleType::f16;
+  if (scales.dtype() == mlx::core::bfloat16) return ScaleType::bf16;
+  return ScaleType::f32;
+}
+
+// The primitive's scale inputs: 16-bit ones as they are, anything else cast to float32. `keep`
+// makes an array row-contiguous (each caller has its own way).
+template <class Keep>
+std::pair<mlx::core::array, mlx::core::array> scale_inputs(
+    const mlx::core::array& scales, const mlx::core::array& biases, mlx::core::Stream s,
+    Keep keep) {
+  if (scale_type(scales, biases) != ScaleType::f32) return {keep(scales), keep(biases)};
+  return {
+      keep(mlx::core::astype(scales, mlx::core::float32, s)),
+      keep(mlx::core::astype(biases, mlx::core::float32, s))};
+}
+
+// Points `scales`/`biases` (float32) or `scales16`/`biases16` of `p` at the evaluated inputs.
+template <class P>
+void set_scales(P& p, const mlx::core::array& scales, const mlx::core::array& biases) {
+  p.scale_type = scale_type(scales, biases);
+  if (p.scale_type == ScaleType::f32) {
+    p.scales = scales.data<float>();
+    p.biases = biases.data<float>();
+  } else {
+    p.scales16 = reinterpret_cast<const uint16_t*>(scales.data<uint8_t>());
+    p.biases16 = reinterpret_cast<const uint16_t*>(biases.data<uint8_t>());
+  }
+}
+
+}  // namespace exo_kernels
