@@ -136,3 +136,13 @@ def test_the_hookspecs_are_what_pluggy_registers() -> None:
     manager = pluggy.PluginManager(hookspecs.PROJECT)
     manager.add_hookspecs(hookspecs)
     assert sorted(n for n in dir(manager.hook) if n.startswith("exo_")) == sorted(_hookspecs())
+
+
+def test_the_guide_lists_each_sub_module_with_its_names() -> None:
+    """docs/plugins.md's table of sub-modules says which names live where: it stays true."""
+    guide = (ROOT / "docs" / "plugins.md").read_text()
+    rows = dict(re.findall(r"^\| `(exo_core\.plugin\.\w+)` \| [^|]* \| (.*) \|$", guide, re.M))
+    subs = {m.__name__: m for m in _modules() if m is not api}
+    assert sorted(rows) == sorted(subs)
+    for name, module in subs.items():
+        assert sorted(re.findall(r"`(\w+)`", rows[name])) == sorted(module.__all__), name
