@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from exo_core import blas as core_blas
 from exo_engine_mlx import blas
 from exo_engine_mlx.embedded import ensure_embedded_model
 
@@ -28,7 +29,7 @@ PROMPT_TEXT = (
 
 
 def _child_gemm() -> dict[str, Any]:
-    return {"gflops": blas.gemm_gflops(1024, seconds=1.5), "blas": blas.loaded_blas()}
+    return {"gflops": blas.gemm_gflops(1024, seconds=1.5), "blas": core_blas.loaded_blas()}
 
 
 def _child_model(model_dir: str, dense: bool, n_prompt: int, n_decode: int) -> dict[str, Any]:
@@ -59,7 +60,7 @@ def _child_model(model_dir: str, dense: bool, n_prompt: int, n_decode: int) -> d
     return {
         "prefill_tps": prompt.shape[1] / prefill_s,
         "decode_tps": n_decode / decode_s,
-        "blas": blas.loaded_blas(),
+        "blas": core_blas.loaded_blas(),
     }
 
 
@@ -74,15 +75,15 @@ def _spawn(args: list[str], env: dict[str, str]) -> dict[str, Any]:
 
 def _thread_counts() -> list[int]:
     """The runner's default BLAS thread count, and all cores when that differs."""
-    default, cores = blas.blas_threads({}), os.cpu_count() or 1
+    default, cores = core_blas.blas_threads({}), os.cpu_count() or 1
     return [default] if default == cores else [default, cores]
 
 
 def _blas_variants() -> list[tuple[str, dict[str, str]]]:
     """(label, env overrides) per usable BLAS and thread count; the bundled reference first."""
     variants: list[tuple[str, dict[str, str]]] = [("reference BLAS (mlx-cpu)", {"EXO_BLAS": "off"})]
-    for label, lib in blas.candidates():
-        if not blas.preload_works(str(lib)):
+    for label, lib in core_blas.candidates():
+        if not core_blas.preload_works(str(lib)):
             print(f"  (skipped {label}: cannot be preloaded here)")
             continue
         for n in _thread_counts():
@@ -93,7 +94,7 @@ def _blas_variants() -> list[tuple[str, dict[str, str]]]:
 
 def _env(overrides: dict[str, str]) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
-    return blas.runner_env({**base, **overrides})
+    return core_blas.runner_env({**base, **overrides})
 
 
 def _bench_gemm() -> None:

@@ -102,7 +102,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from exo_engine_mlx.blas import loaded_blas, runner_env
+    from exo_core.plugin.engine import loaded_blas, runner_env
 
     if loaded_blas() is None and "EXO_BENCH_REEXEC" not in os.environ:
         env = {**runner_env(), "EXO_BENCH_REEXEC": "1"}

@@ -48,7 +48,7 @@ for r in stream_generate(model, tok, prompt, max_tokens={tokens}, sampler=make_s
 end = time.perf_counter()
 print(json.dumps({{"ttft": first - start, "decode_tps": (n - 1) / (end - first), "tokens": n}}))
 """
-    from exo_engine_mlx.blas import runner_env
+    from exo_core.plugin.engine import runner_env
 
     out = subprocess.run(
         [sys.executable, "-c", code], env=runner_env(), capture_output=True, text=True, check=True
@@ -110,8 +110,8 @@ def main() -> None:
     os.environ["EXO_PREFIX_CACHE_BYTES"] = "0"
 
     import exo_engine_mlx.plugin as engine_plugin
+    from exo_core.plugin.engine import find_fast_blas
     from exo_core.testing.harness import running_node
-    from exo_engine_mlx.blas import find_fast_blas
     from exo_engine_mlx.embedded import ensure_embedded_model
 
     with tempfile.TemporaryDirectory() as tmp:

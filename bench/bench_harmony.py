@@ -19,16 +19,8 @@ import argparse
 import time
 from collections.abc import Callable
 
-from exo_core.plugin import (
-    ChatMessage,
-    GenerationParams,
-    OutputParser,
-    TaskId,
-    TextChunk,
-    ThinkParser,
-    ToolCall,
-    ToolSpec,
-)
+from exo_core.plugin import ChatMessage, GenerationParams, TaskId, TextChunk, ToolCall, ToolSpec
+from exo_core.plugin.parsers import OutputParser, ThinkParser
 from exo_engine_mlx.harmony import HarmonyParser
 from exo_engine_mlx.harmony_encoding import harmony_encoding
 from exo_engine_mlx.harmony_prompt import render_harmony

@@ -115,7 +115,7 @@ def ensure_gguf() -> Path:
 def ensure_imported(models_dir: Path) -> str:
     """The GGUF imported as exo's `import-gguf` does (MLX weights + a card) under `models_dir`;
     returns the model id to request."""
-    from exo_core.plugin import check_model_id
+    from exo_core.plugin.cards import check_model_id
     from exo_engine_mlx.cards import card_from_gguf, write_imported_card
     from exo_engine_mlx.gguf import import_gguf
     from exo_engine_mlx.gguf.cli import default_out_dir

@@ -164,7 +164,7 @@ def _tiny_llama4(out: Path, hidden: int, chunk: int) -> tuple[Path, int, int, st
 def _child_rows(code: str, model_dir: Path, lengths: list[int], low: int, high: int) -> Any:
     """The measurements of `code` run in a runner-like process (the runner's environment: its
     fast BLAS preloaded), from the JSON on its last line of output."""
-    from exo_engine_mlx.blas import runner_env
+    from exo_core.plugin.engine import runner_env
 
     argv = [str(model_dir), ",".join(str(n) for n in lengths), str(low), str(high)]
     out = subprocess.run(
@@ -178,7 +178,7 @@ def _child_rows(code: str, model_dir: Path, lengths: list[int], low: int, high: 
 
 
 def _solo(args: argparse.Namespace) -> None:
-    from exo_engine_mlx.blas import find_fast_blas
+    from exo_core.plugin.engine import find_fast_blas
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, low, high, name = _tiny_llama4(Path(tmp) / "llama4", args.hidden, args.chunk)
@@ -222,7 +222,7 @@ def main() -> None:
         _solo(args)
         return
 
-    from exo_engine_mlx.blas import find_fast_blas
+    from exo_core.plugin.engine import find_fast_blas
     from exo_engine_mlx.embedded import ensure_embedded_model
     from exo_engine_mlx.prefix_cache import PrefixCache
 

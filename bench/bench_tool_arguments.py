@@ -19,7 +19,8 @@ import json
 import time
 from collections.abc import Callable
 
-from exo_core.plugin import ArgumentStream, coerce_arguments
+from exo_core.plugin.parsers import ArgumentStream
+from exo_core.tool_arguments import coerce_arguments
 
 SCHEMA = {
     "type": "object",

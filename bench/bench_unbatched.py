@@ -18,13 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from exo_core.plugin import (
-    ChatMessage,
-    GenerationParams,
-    SamplingParams,
-    TaskId,
-    TextChunk,
-)
+from exo_core.plugin import ChatMessage, GenerationParams, SamplingParams, TaskId, TextChunk
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.loading import load_model
 from exo_engine_mlx.tiny_model import make_tiny_model

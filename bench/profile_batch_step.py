@@ -207,7 +207,7 @@ def main() -> None:
     if os.environ.get(CHILD):
         profile(args.streams, args.steps, args.rounds)
         return
-    from exo_engine_mlx.blas import runner_env
+    from exo_core.plugin.engine import runner_env
 
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
     env = {**runner_env(), CHILD: "1"}

@@ -122,7 +122,7 @@ def main() -> None:
     if os.environ.get(CHILD):
         profile(args.steps)
         return
-    from exo_engine_mlx.blas import runner_env
+    from exo_core.plugin.engine import runner_env
 
     print(f"load average {os.getloadavg()[0]:.1f}")
     # (kernels, compiled step, fold the row-wise work into the kernel calls, fused attention)

@@ -154,7 +154,7 @@ def main() -> None:
     if os.environ.get(CHILD):
         print(json.dumps(in_runner(args.runs)))
         return
-    from exo_engine_mlx.blas import runner_env
+    from exo_core.plugin.engine import runner_env
 
     print(f"load average {os.getloadavg()[0]:.1f}; prompt {PROMPT!r}", flush=True)
     child = subprocess.run(

@@ -4,11 +4,14 @@ that raises in any hook is named once and left out while the node keeps starting
 from __future__ import annotations
 
 import ast
+import importlib
+import pkgutil
 import re
 import tomllib
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import anthropic
@@ -27,7 +30,8 @@ from exo_core.api.app import create_app
 from exo_core.cli import build_parser, core_dests
 from exo_core.config import NodeConfig
 from exo_core.node import Node
-from exo_core.plugin import NodeContext, Runner, RunnerSpec, RunnerStatus, StatusReporter, hookimpl
+from exo_core.plugin import NodeContext, RunnerStatus, download, hookimpl, placement
+from exo_core.plugin.engine import Runner, RunnerSpec, StatusReporter
 from exo_core.plugin_host import PluginHost, load_plugins
 from exo_core.testing import ScriptedEngine, ScriptedEnginePlugin, running_node, wait_until
 
@@ -58,6 +62,39 @@ def _private_imports(path: Path) -> list[str]:
             continue
         if not any(name == a or name.startswith(a + ".") for a in allowed):
             bad.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    return bad + _unlisted_names(path, tree)
+
+
+def _public_modules() -> dict[str, ModuleType]:
+    """`exo_core.plugin` and its sub-modules (`exo_core.plugin.engine`, ...), by name."""
+    subs = [m.name for m in pkgutil.iter_modules(api.__path__) if not m.name.startswith("_")]
+    found = {PUBLIC: api}
+    found.update({f"{PUBLIC}.{s}": importlib.import_module(f"{PUBLIC}.{s}") for s in subs})
+    return found
+
+
+def _unlisted_names(path: Path, tree: ast.AST) -> list[str]:
+    """Imports from the plugin API of a module or a name it does not list in `__all__`: what
+    a module merely imports for itself is no part of the API."""
+    public = _public_modules()
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            modules, names = [node.module], [a.name for a in node.names]
+        elif isinstance(node, ast.Import):
+            modules, names = [a.name for a in node.names], []
+        else:
+            continue
+        for module in modules:
+            if module != PUBLIC and not module.startswith(PUBLIC + "."):
+                continue
+            where = f"{path.relative_to(ROOT)}:{node.lineno}"
+            if module not in public:
+                bad.append(f"{where} imports {module}, no module of the plugin API")
+                continue
+            listed = public[module].__all__
+            unlisted = [n for n in names if n not in listed and f"{module}.{n}" not in public]
+            bad += [f"{where} imports {n} from {module}" for n in unlisted]
     return bad
 
 
@@ -76,6 +113,23 @@ def test_the_check_catches_a_private_import(tmp_path: Path) -> None:
     try:
         assert _private_imports(module) == [
             "plugins/_probe_private_import.py:1 imports exo_core.node"
+        ]
+    finally:
+        module.unlink()
+
+
+def test_the_check_catches_a_name_the_plugin_api_does_not_list() -> None:
+    module = ROOT / "plugins" / "_probe_unlisted_name.py"
+    module.write_text(
+        "from exo_core.plugin import hookimpl, replace_durably\n"
+        "from exo_core.plugin.engine import build_prefix_shim, runner_env\n"
+        "import exo_core.plugin.blas\n"
+    )
+    try:
+        assert _private_imports(module) == [
+            "plugins/_probe_unlisted_name.py:1 imports replace_durably from exo_core.plugin",
+            "plugins/_probe_unlisted_name.py:2 imports build_prefix_shim from exo_core.plugin.engine",
+            "plugins/_probe_unlisted_name.py:3 imports exo_core.plugin.blas, no module of the plugin API",
         ]
     finally:
         module.unlink()
@@ -123,8 +177,10 @@ def test_the_public_module_exports_what_it_lists() -> None:
     assert all(hasattr(api, name) for name in api.__all__)
     major, minor = api.API_VERSION.split(".")
     assert major.isdigit() and minor.isdigit()
-    for needed in ("hookimpl", "NodeContext", "Engine", "Runner", "RunnerSpec", "ModelCard"):
+    for needed in ("hookimpl", "NodeContext", "ModelCard", "State", "GenerationParams"):
         assert needed in api.__all__
+    for module in _public_modules().values():
+        assert all(hasattr(module, name) for name in module.__all__), module.__name__
 
 
 def test_routes_of_every_installed_plugin_build_without_litestar_deprecations(
@@ -333,7 +389,7 @@ def test_a_runner_that_fails_to_load_answers_a_5xx_with_its_reason_in_each_diale
         assert "scripted load failure" in refused.value.error
 
 
-class _RecordingDownloader(api.Downloader):
+class _RecordingDownloader(download.Downloader):
     def __init__(self) -> None:
         self.asked: list[str] = []
 
@@ -341,9 +397,9 @@ class _RecordingDownloader(api.Downloader):
         self.asked.append(f"find_local {card.model_id}")
         return None
 
-    async def ensure(self, card: api.ModelCard, report: api.ProgressReporter) -> Path:
+    async def ensure(self, card: api.ModelCard, report: download.ProgressReporter) -> Path:
         self.asked.append(f"ensure {card.model_id}")
-        raise api.DownloadFailed("the downloader was asked")
+        raise download.DownloadFailed("the downloader was asked")
 
     async def delete(self, card: api.ModelCard) -> bool:
         self.asked.append(f"delete {card.model_id}")
@@ -355,7 +411,7 @@ class _DownloaderPlugin:
         self.downloader = _RecordingDownloader()
 
     @hookimpl
-    def exo_downloader(self) -> api.Downloader:
+    def exo_downloader(self) -> download.Downloader:
         return self.downloader
 
 
@@ -407,7 +463,9 @@ class _LayerPicky(ScriptedEngine):
 
     name = "picky"
 
-    def placement_refusal(self, card: api.ModelCard, option: api.PlacementOption) -> str | None:
+    def placement_refusal(
+        self, card: api.ModelCard, option: placement.PlacementOption
+    ) -> str | None:
         first = option.shares[0]
         if option.sharding == "pipeline" and first.start_layer == 0:
             return f"picky: rank 0 would hold layers [0, {first.end_layer})"

@@ -9,18 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exo_core.plugin import (
-    ArgumentStream,
-    CallCoercion,
-    TaskId,
-    ToolCall,
-    ToolCallChunk,
-    ToolCallDeltaChunk,
-    ToolSpec,
-    coerce_arguments,
-    coerce_value,
-    keeps_strings,
-)
+from exo_core.plugin import TaskId, ToolCall, ToolCallChunk, ToolCallDeltaChunk, ToolSpec
+from exo_core.plugin.parsers import ArgumentStream
+from exo_core.tool_arguments import CallCoercion, coerce_arguments
+from exo_core.tool_schema import coerce_value, keeps_strings
 
 INT, NUM, BOOL, STR = ({"type": t} for t in ("integer", "number", "boolean", "string"))
 OBJ = {"type": "object", "properties": {"n": INT, "flag": BOOL}}

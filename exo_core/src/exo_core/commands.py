@@ -47,14 +47,20 @@ class CancelTask(_Command, frozen=True, kw_only=True):
 
 
 class AddModelCard(_Command, frozen=True, kw_only=True):
+    """Command: add (or replace) a custom model card in the cluster's state."""
+
     card: ModelCard
 
 
 class RemoveModelCard(_Command, frozen=True, kw_only=True):
+    """Command: remove a custom model card from the cluster's state."""
+
     model_id: ModelId
 
 
 class DeleteDownload(_Command, frozen=True, kw_only=True):
+    """Command: delete a model's files on one node."""
+
     node_id: NodeId
     model_id: ModelId
 

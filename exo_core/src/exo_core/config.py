@@ -27,6 +27,8 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 class NodeConfig(msgspec.Struct, kw_only=True):
+    """A node's configuration, from the command line and the environment."""
+
     api_host: str = "127.0.0.1"
     api_port: int = 52415
     data_dir: str = msgspec.field(default_factory=default_data_dir)

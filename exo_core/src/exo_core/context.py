@@ -25,6 +25,9 @@ Job = Callable[[], Coroutine[Any, Any, Any]]
 # runtime_checkable: Litestar checks an injected value against the handler's annotation.
 @runtime_checkable
 class NodeContext(Protocol):
+    """What a plugin sees of the node: its id and config, the cluster state, commands and
+    background work."""
+
     @property
     def node_id(self) -> NodeId:
         """This node's id (stable across restarts)."""

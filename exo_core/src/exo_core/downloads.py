@@ -10,6 +10,7 @@ from exo_core.model_cards import ModelCard
 from exo_core.state import DownloadProgress, DownloadStatus
 
 ProgressReporter = Callable[[DownloadProgress], None]
+"""Called by a downloader with each `DownloadProgress` it has to report."""
 
 
 class DownloadFailed(RuntimeError):
@@ -17,6 +18,8 @@ class DownloadFailed(RuntimeError):
 
 
 class Downloader(abc.ABC):
+    """Finds and fetches a model's files. Return one from the `exo_downloader` hook."""
+
     @abc.abstractmethod
     def find_local(self, card: ModelCard) -> Path | None:
         """The directory holding the complete model, if any is on disk."""

@@ -32,7 +32,9 @@ from exo_core.tool_arguments import dumps_json
 
 DSML = "｜DSML｜"
 V32_BLOCK = (f"<{DSML}function_calls>", f"</{DSML}function_calls>")
+"""The opening and closing markers of a DeepSeek V3.2 tool-call block."""
 V4_BLOCK = (f"<{DSML}tool_calls>", f"</{DSML}tool_calls>")
+"""The opening and closing markers of a DeepSeek V4 tool-call block."""
 _INVOKE = re.compile(rf'<{DSML}invoke\s+name="([^"]*)"\s*>')
 _PARAM = re.compile(rf'<{DSML}parameter\s+name="([^"]*)"\s+string="(true|false)"\s*>')
 _PARAM_END = f"</{DSML}parameter>"

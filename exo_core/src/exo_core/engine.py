@@ -27,6 +27,9 @@ class RunnerDied(RuntimeError):
 
 
 class RunnerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What a runner is built from: its instance and shard, the model card, the model's
+    files and the node's data directory."""
+
     runner_id: RunnerId
     instance: Instance
     shard: ShardAssignment
@@ -36,6 +39,9 @@ class RunnerSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Runner(abc.ABC):
+    """Runs one shard of an instance: loads the model, then serves the tasks it is given
+    until stopped, reporting its status and each task's chunks."""
+
     @abc.abstractmethod
     async def serve(self, report: StatusReporter) -> None:
         """Start, load, warm up, then serve until `stop()`.
@@ -66,6 +72,9 @@ class Runner(abc.ABC):
 
 
 class Engine(abc.ABC):
+    """An inference engine: says which model cards it serves and builds a `Runner` for one
+    shard of an instance. Return it from the `exo_engines` hook."""
+
     #: A short name, reported in node telemetry as an available backend (e.g. "mlx").
     name: str = ""
     #: False when this engine's models need no files fetched (weights built in, nothing to

@@ -58,10 +58,14 @@ class ModelCardRemoved(_Event, frozen=True, kw_only=True):
 
 
 class DownloadProgressed(_Event, frozen=True, kw_only=True):
+    """Event: a model's download on a node moved on (or finished, or failed)."""
+
     progress: DownloadProgress
 
 
 class DownloadDeleted(_Event, frozen=True, kw_only=True):
+    """Event: a model's files were deleted on a node."""
+
     node_id: NodeId
     model_id: ModelId
 

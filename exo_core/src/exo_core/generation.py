@@ -16,6 +16,9 @@ from exo_core.ids import TaskId
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A function call the model made: the call's id, the tool's name and its arguments (a
+    JSON object, as text)."""
+
     id: str
     name: str
     arguments: str  # a JSON object, as text
@@ -30,6 +33,9 @@ class ContentPart(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One message of a conversation: its role, its text or content parts, the reasoning
+    and tool calls an assistant turn carried, and the tool call a tool turn answers."""
+
     role: Literal["system", "user", "assistant", "tool"]
     content: str | tuple[ContentPart, ...] = ""
     reasoning: str = ""
@@ -55,6 +61,8 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """How the next token is drawn (temperature, top-p, top-k, min-p, penalties, seed)."""
+
     temperature: float = 0.7
     top_p: float = 1.0
     top_k: int = 0
@@ -95,6 +103,8 @@ class GenerationParams(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class FinishReason(StrEnum):
+    """Why a generation stopped."""
+
     STOP = "stop"
     LENGTH = "length"
     TOOL_CALLS = "tool_calls"
@@ -103,17 +113,23 @@ class FinishReason(StrEnum):
 
 
 class TopLogprob(msgspec.Struct, frozen=True):
+    """One alternative token and its log-probability."""
+
     token: str
     logprob: float
 
 
 class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """A generated token's log-probability, with the most likely alternatives when asked."""
+
     token: str
     logprob: float
     top: tuple[TopLogprob, ...] = ()
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """Token counts of a generation (prompt, completion, cached and reasoning tokens)."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
@@ -131,17 +147,23 @@ class Usage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class TextChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Generated text (with its tokens' log-probabilities when they were asked for)."""
+
     task_id: TaskId
     text: str
     logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ThinkingChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Generated reasoning: text inside the model's thinking block."""
+
     task_id: TaskId
     text: str
 
 
 class ToolCallChunk(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """A complete tool call the model made."""
+
     task_id: TaskId
     call: ToolCall
 
@@ -223,4 +245,6 @@ Chunk = (
     | ProgressChunk
     | ImageChunk
 )
+"""Anything a generation streams: text, thinking, tool calls, progress, images, keep-alives,
+then one `FinishChunk` or `ErrorChunk`."""
 TERMINAL_CHUNKS = (FinishChunk, ErrorChunk)

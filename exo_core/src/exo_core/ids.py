@@ -4,10 +4,15 @@ import uuid
 from typing import NewType
 
 NodeId = NewType("NodeId", str)
+"""A node's id (stable across restarts)."""
 ModelId = NewType("ModelId", str)
+"""A model's id, as its card names it (e.g. `mlx-community/Llama-3.2-1B-Instruct-4bit`)."""
 InstanceId = NewType("InstanceId", str)
+"""An instance's id."""
 RunnerId = NewType("RunnerId", str)
+"""A runner's id."""
 TaskId = NewType("TaskId", str)
+"""A task's id."""
 CommandId = NewType("CommandId", str)
 
 

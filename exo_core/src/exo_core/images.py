@@ -16,6 +16,7 @@ import msgspec
 from exo_core.model_cards import ModelCard, ModelTask
 
 ImageFormat = Literal["png", "jpeg", "webp"]
+"""The file formats an image can be returned in."""
 
 MIN_SIDE = 64
 MAX_SIDE = 2048
@@ -31,6 +32,8 @@ MAX_INPUT_IMAGE_BYTES = 8 * 1024 * 1024
 
 
 class ImageRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """An image generation (or edit) request: prompt, count, size, steps, format."""
+
     prompt: str
     n: int = 1
     width: int = 1024

@@ -20,6 +20,8 @@ from exo_core.sampling_defaults import SamplingDefaults
 
 
 class Capability(StrEnum):
+    """What a model can do beyond plain text (thinking, tools, vision, ...); a card lists them."""
+
     TEXT = "text"
     THINKING = "thinking"
     THINKING_TOGGLE = "thinking_toggle"
@@ -39,6 +41,8 @@ ReasoningDialect = Literal["none", "post_last_user", "tool_conditional", "suffix
 
 
 class ModelTask(StrEnum):
+    """The kind of job a model does (text generation, image generation, image editing)."""
+
     TEXT_GENERATION = "text_generation"
     # Text to image, and image editing (an input image and a prompt to an image).
     IMAGE_GENERATION = "image_generation"

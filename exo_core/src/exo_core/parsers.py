@@ -75,6 +75,8 @@ class OutputParser(abc.ABC):
 
 
 ParserFactory = Callable[[ModelCard, GenerationParams], OutputParser]
+"""Builds an output parser for one generation from the model card and the generation's
+parameters; register factories with the `exo_output_parsers` hook."""
 
 
 class ChainedParser(OutputParser):

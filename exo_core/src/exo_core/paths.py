@@ -46,6 +46,7 @@ def model_id_problem(model_id: str) -> str | None:
 
 
 def is_safe_model_id(model_id: str) -> bool:
+    """True when a model id is safe to use as a directory name (see `model_id_problem`)."""
     return model_id_problem(model_id) is None
 
 

@@ -60,6 +60,7 @@ def split_layers(n_layers: int, weights: Sequence[int]) -> list[tuple[int, int]]
 
 
 def human_bytes(n: float) -> str:
+    """A byte count for people: `1.5 GB`."""
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1000:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

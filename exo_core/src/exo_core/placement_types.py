@@ -9,6 +9,8 @@ from exo_core.state import Sharding
 
 
 class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """What a caller asks of a placement: the model, a sharding, how many nodes, which."""
+
     model_id: ModelId
     # None: any sharding; otherwise only that one.
     sharding: Sharding | None = None
@@ -18,6 +20,8 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NodeShare(msgspec.Struct, frozen=True, kw_only=True):
+    """One node's part of a placement: its layers and the memory they take."""
+
     node_id: NodeId
     start_layer: int
     end_layer: int

@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT_EXIT = 1
 # The environment variable that carries a runner's ring token.
 RING_TOKEN_ENV = "EXO_RING_TOKEN"
+"""The environment variable that hands a runner its ring token (see `ring_token`)."""
 _NONCE_BYTES = 16
 _devnull: IO[str] | None = None
 

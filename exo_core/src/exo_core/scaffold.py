@@ -17,8 +17,8 @@ from string import Template
 KINDS = ("route", "engine", "observer", "transport")
 
 #: The exo-core versions that carry the plugin API major version of this exo-core.
-CORE_RANGE = "exo-core>=0.1,<0.2"
-CORE_TESTING = "exo-core[testing]>=0.1,<0.2"
+CORE_RANGE = "exo-core>=0.2,<0.3"
+CORE_TESTING = "exo-core[testing]>=0.2,<0.3"
 
 PYPROJECT = """\
 [project]
@@ -85,23 +85,20 @@ import anyio
 
 from exo_core.plugin import (
     Chunk,
-    Engine,
     ErrorChunk,
     FinishChunk,
     FinishReason,
     ModelCard,
     ModelId,
     NodeConfig,
-    Runner,
-    RunnerSpec,
     RunnerStatus,
-    StatusReporter,
     Task,
     TaskId,
     TextChunk,
     Usage,
     hookimpl,
 )
+from exo_core.plugin.engine import Engine, Runner, RunnerSpec, StatusReporter
 
 CARD = ModelCard(model_id=ModelId("$name"), family="$name", source="$name:", storage_size_bytes=0)
 
@@ -246,14 +243,8 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from exo_core.plugin import (
-    NodeConfig,
-    RequestFailed,
-    RequestHandler,
-    Transport,
-    TransportEvent,
-    hookimpl,
-)
+from exo_core.plugin import NodeConfig, hookimpl
+from exo_core.plugin.transport import RequestFailed, RequestHandler, Transport, TransportEvent
 
 
 class LoneTransport(Transport):

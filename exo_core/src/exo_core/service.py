@@ -66,6 +66,8 @@ class InvalidRequest(GenerationError):
 
 
 class ModelNotFound(GenerationError):
+    """The model id names no model card (404)."""
+
     status = 404
 
 
@@ -141,6 +143,9 @@ def _unknown_here(state: State, model_id: str) -> str:
 
 
 class GenerationService:
+    """The node's generation service: resolves a model id, places an instance when
+    needed, runs a generation and streams its chunks, counts tokens, cancels by request id."""
+
     def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
         self._node = node
         self._keepalive_s = keepalive_s

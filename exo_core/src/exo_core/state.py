@@ -14,6 +14,8 @@ from exo_core.model_cards import ModelCard
 
 
 class NodeResources(msgspec.Struct, frozen=True, kw_only=True):
+    """A node's memory, CPUs and accelerators as it last reported them."""
+
     memory_total: int = 0
     memory_available: int = 0
     cpu_count: int = 0
@@ -30,6 +32,8 @@ class NodeResources(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A node as the cluster knows it: host name, addresses, resources and engines."""
+
     node_id: NodeId
     hostname: str = ""
     # Addresses other nodes can reach this one at (for the mx.distributed ring).
@@ -46,6 +50,8 @@ class MasterInfo(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DownloadStatus(StrEnum):
+    """Where a model's download on one node stands."""
+
     PENDING = "pending"
     ONGOING = "ongoing"
     COMPLETED = "completed"
@@ -53,6 +59,8 @@ class DownloadStatus(StrEnum):
 
 
 class DownloadProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """How far a model's download on one node is (bytes, speed, ETA, status)."""
+
     node_id: NodeId
     model_id: ModelId
     status: DownloadStatus
@@ -75,6 +83,7 @@ class DownloadProgress(msgspec.Struct, frozen=True, kw_only=True):
 
 
 Sharding = Literal["pipeline", "tensor"]
+"""How an instance splits a model: by layers (pipeline) or within layers (tensor)."""
 
 
 class ShardAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -91,6 +100,8 @@ class ShardAssignment(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Instance(msgspec.Struct, frozen=True, kw_only=True):
+    """A model placed on one or more nodes: its sharding and each rank's shard."""
+
     instance_id: InstanceId
     model_id: ModelId
     sharding: Sharding
@@ -109,6 +120,8 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunnerStatus(StrEnum):
+    """Where a runner is in its life, from pending through ready and running to stopped."""
+
     PENDING = "pending"
     DOWNLOADING = "downloading"
     CONNECTING = "connecting"
@@ -147,6 +160,8 @@ TERMINAL_TASK_STATUSES = frozenset({TaskStatus.COMPLETE, TaskStatus.FAILED, Task
 
 
 class Task(msgspec.Struct, frozen=True, kw_only=True):
+    """A generation (or image) request the cluster runs on an instance."""
+
     task_id: TaskId
     instance_id: InstanceId
     model_id: ModelId

@@ -52,10 +52,14 @@ class RunnerSubmit(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 class RunnerCancel(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Frame to a runner subprocess: stop generating one task."""
+
     task_id: TaskId
 
 
 class RunnerShutdown(msgspec.Struct, frozen=True, kw_only=True, tag=True):
+    """Frame to a runner subprocess: finish and exit."""
+
     pass
 
 
@@ -69,6 +73,7 @@ class RunnerChunkOut(msgspec.Struct, frozen=True, kw_only=True, tag=True):
 
 
 ToRunner = RunnerSubmit | RunnerCancel | RunnerShutdown
+"""Any frame the node sends a runner subprocess."""
 FromRunner = RunnerStatusUpdate | RunnerChunkOut
 
 encode_frame = msgspec.msgpack.Encoder().encode

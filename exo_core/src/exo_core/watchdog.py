@@ -19,6 +19,8 @@ EXIT_CODE = 3
 
 
 class Watchdog:
+    """Ends the process when guarded work (a collective) outlives its deadline."""
+
     def __init__(self, on_expire: Callable[[str], None], poll_s: float = 0.2) -> None:
         """`on_expire(message)` reports the failure; the process exits right after it."""
         self._on_expire = on_expire

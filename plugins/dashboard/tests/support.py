@@ -17,19 +17,9 @@ from litestar.response import Stream
 
 from exo_api_openai.errors import api_error
 from exo_api_openai.routes import chat_completions, create_response, get_model, list_models
-from exo_core.plugin import (
-    ACCEPTS_OPT,
-    Capability,
-    ModelCard,
-    ModelId,
-    ModelTask,
-    PlacementOption,
-    PlacementRequest,
-    State,
-    dialect_router,
-    hookimpl,
-    place,
-)
+from exo_core.plugin import Capability, ModelCard, ModelId, ModelTask, State, hookimpl
+from exo_core.plugin.dialect import ACCEPTS_OPT, dialect_router
+from exo_core.plugin.placement import PlacementOption, PlacementRequest, place
 
 IMAGE_MODEL = "scripted-painter"
 HUGE_MODEL = "scripted-huge"

@@ -14,10 +14,10 @@ from exo_core.plugin import (
     NodeInfo,
     NodeResources,
     PlacementRefused,
-    PlacementRequest,
     State,
-    load_card_file,
 )
+from exo_core.plugin.cards import load_card_file
+from exo_core.plugin.placement import PlacementRequest
 from exo_engine_mflux.placement import memory_needed, place_image_model
 
 GB = 1_000_000_000

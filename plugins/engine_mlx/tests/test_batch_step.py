@@ -17,9 +17,9 @@ from mlx_lm.generate import BatchGenerator
 
 import exo_mlx_cpu_kernels as kernels
 from exo_core.plugin import ChatMessage, GenerationParams, SamplingParams, TaskId, TextChunk
+from exo_core.plugin.engine import runner_env
 from exo_engine_mlx.attention import decode_attention, fused_attention_requested
 from exo_engine_mlx.batching import BatchEngine
-from exo_engine_mlx.blas import runner_env
 from exo_engine_mlx.generation_batch import ExoGenerationBatch
 from exo_engine_mlx.prefill_threads import requested
 from exo_engine_mlx.tiny_model import make_tiny_model

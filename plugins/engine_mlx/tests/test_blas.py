@@ -16,21 +16,15 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from exo_engine_mlx.blas import (
-    build_prefix_shim,
-    dense_fp32_bytes,
-    dequantize_model,
-    find_fast_blas,
-    runner_env,
-    should_dequantize,
-)
+from exo_core.plugin.engine import find_fast_blas, runner_env
+from exo_engine_mlx.blas import dense_fp32_bytes, dequantize_model, should_dequantize
 from exo_engine_mlx.gguf import gguf_model_card_fields, import_gguf
 
 MakeGGUF = Callable[..., Path]
 
 _CHILD = """
 import json, numpy as np, mlx.core as mx
-from exo_engine_mlx.blas import loaded_blas
+from exo_core.plugin.engine import loaded_blas
 rng = np.random.default_rng(0)
 a = rng.standard_normal((300, 200)).astype(np.float32)
 b = rng.standard_normal((200, 100)).astype(np.float32)
@@ -64,12 +58,6 @@ def test_blas_threads(tmp_path: Path) -> None:
     env = runner_env({"EXO_BLAS": str(lib), "OPENBLAS_NUM_THREADS": "5"})
     assert env["OPENBLAS_NUM_THREADS"] == "5"  # the caller's setting wins
     assert int(env["MKL_NUM_THREADS"]) == max(1, (os.cpu_count() or 1) - 1)
-
-
-def test_shim_is_a_small_elf() -> None:
-    blob = build_prefix_shim("/nonexistent/libx.so", "scipy_")
-    assert blob[:4] == b"\x7fELF" and len(blob) < 80_000
-    assert b"scipy_cblas_sgemm\0" in blob and b"/nonexistent/libx.so\0" in blob
 
 
 def test_fast_blas_subprocess_matmul_is_correct(tmp_path: Path) -> None:

@@ -17,7 +17,6 @@ import anyio
 import pytest
 
 from exo_core.plugin import (
-    RING_TOKEN_ENV,
     Chunk,
     ErrorChunk,
     FinishChunk,
@@ -26,6 +25,7 @@ from exo_core.plugin import (
     SamplingParams,
     TextChunk,
 )
+from exo_core.plugin.engine import RING_TOKEN_ENV
 from exo_engine_mlx.distributed.testing import (
     RunnerGroup,
     final,

@@ -7,17 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from exo_core.plugin import (
-    ModelId,
-    NodeId,
-    NodeShare,
-    PlacementOption,
-    PlacementRefused,
-    PlacementRequest,
-    Sharding,
-    place,
-    runnable,
-)
+from exo_core.plugin import ModelId, NodeId, PlacementRefused, Sharding
+from exo_core.plugin.placement import NodeShare, PlacementOption, PlacementRequest, place, runnable
 from exo_core.testing.cluster_state import nodes_with_free_memory
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.families import (

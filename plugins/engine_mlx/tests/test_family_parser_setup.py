@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from exo_core.plugin import ChatMessage, GenerationParams, ThinkParser
+from exo_core.plugin import ChatMessage, GenerationParams
+from exo_core.plugin.parsers import ThinkParser
 from exo_engine_mlx.output import family_parser
 
 

@@ -539,7 +539,7 @@ V30 = (
 
 @pytest.mark.parametrize("cut", range(len(V30) + 1))
 def test_deepseek_v3_calls_stream_wherever_the_text_splits(cut: int) -> None:
-    from exo_core.plugin import ToolBlockParser
+    from exo_core.plugin.parsers import ToolBlockParser
     from exo_engine_mlx.tool_formats import FORMATS
 
     v3 = next(f for f in FORMATS if f.name == "deepseek_v3")

@@ -20,9 +20,7 @@ from exo_core.plugin import (
     ModelCard,
     ModelId,
     NodeId,
-    RunnerDied,
     RunnerId,
-    RunnerSpec,
     RunnerStatus,
     SamplingParams,
     ShardAssignment,
@@ -30,6 +28,7 @@ from exo_core.plugin import (
     TaskId,
     TextChunk,
 )
+from exo_core.plugin.engine import RunnerDied, RunnerSpec
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
 from exo_engine_mlx.tiny_model import make_tiny_model

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 import exo_mlx_cpu_kernels as kernels
-from exo_engine_mlx.blas import blas_threads, runner_env
+from exo_core.plugin.engine import blas_threads, runner_env
 from exo_engine_mlx.gguf import import_gguf
 
 CHILD = """
 import json, os, sys
 import exo_mlx_cpu_kernels as kernels
-from exo_engine_mlx.blas import blas_threads
+from exo_core.plugin.engine import blas_threads
 from exo_engine_mlx.loading import load_model
 load_model(sys.argv[1])
 print(json.dumps({

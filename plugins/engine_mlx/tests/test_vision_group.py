@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from msgspec.structs import replace
 
-from exo_core.plugin import Capability, FinishChunk, RunnerSpec, Task
+from exo_core.plugin import Capability, FinishChunk, Task
+from exo_core.plugin.engine import RunnerSpec
 from exo_engine_mlx.distributed.testing import final, group_specs, running_group, task, text_of
 
 from .test_vision import BLUE, RED, ask

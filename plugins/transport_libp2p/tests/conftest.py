@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exo_core.plugin import Transport
+from exo_core.plugin.transport import Transport
 from exo_transport_libp2p.testing import libp2p_cluster
 
 Cluster = Callable[[int], AbstractAsyncContextManager[list[Transport]]]

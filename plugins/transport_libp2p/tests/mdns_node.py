@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from exo_core.plugin import PeerConnected, TransportMessage
+from exo_core.plugin.transport import PeerConnected, TransportMessage
 from exo_transport_libp2p.transport import Libp2pTransport
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exo_core.plugin import (
-    NodeConfig,
+from exo_core.plugin import NodeConfig
+from exo_core.plugin.transport import (
     PeerConnected,
     RequestFailed,
     TransportError,

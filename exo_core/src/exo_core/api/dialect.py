@@ -87,6 +87,7 @@ __all__ = [
 
 T = TypeVar("T")
 AnyRequest = Request[Any, Any, Any]
+"""A Litestar request of any kind, for route handlers that read it themselves."""
 
 # The methods a dialect answers for (HEAD and OPTIONS are left to Litestar and CORS).
 HTTP_METHODS: tuple[Method, ...] = ("GET", "POST", "PUT", "PATCH", "DELETE")
@@ -96,6 +97,7 @@ SSE_MEDIA_TYPE = "text/event-stream"
 # Proxies must neither cache nor buffer a stream of events.
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 NDJSON_MEDIA_TYPE = "application/x-ndjson"
+"""The media type of newline-delimited JSON streams."""
 
 
 # -- errors ------------------------------------------------------------------------------------
@@ -115,8 +117,8 @@ exception is what was raised (a `GenerationError`, a Litestar `HTTPException`, o
 dialects whose errors carry a code."""
 
 
-# Why a collected generation has no finish chunk (its stream ended early).
 UNFINISHED = "the generation ended without finishing"
+"""Why a collected generation has no finish chunk (its stream ended early)."""
 
 
 def finish_failure(reason: FinishReason) -> str | None:

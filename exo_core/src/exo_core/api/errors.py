@@ -16,6 +16,8 @@ INTERNAL_ERROR = "the node failed to handle this request (see its log for detail
 def native_error(
     status: int, detail: str, extra: object = None, request_id: str | None = None
 ) -> Response[dict[str, object]]:
+    """An error response in the native API's shape: `{"status_code", "detail"}`, with
+    `extra` and the request id when given."""
     body: dict[str, object] = {"status_code": status, "detail": detail}
     if extra:
         body["extra"] = extra

@@ -39,6 +39,8 @@ from litestar.types import ASGIApp, Guard, Receive, Scope, Send
 
 PUBLIC_OPT = "exo_public"
 ACCEPTS_OPT = "exo_accepts"
+"""A route's `opt` key: the media types its body may have besides JSON
+(`opt={ACCEPTS_OPT: ("multipart/form-data",)}`)."""
 PUBLIC_PATHS = frozenset({"/healthz"})
 LOCAL_NAMES = ("localhost", "localhost.localdomain")
 # Request headers a browser page may send cross-origin once its origin is allowed.

@@ -62,6 +62,7 @@ class TransportLagged(msgspec.Struct, frozen=True, tag=True):
 
 
 TransportEvent = TransportMessage | PeerConnected | PeerDisconnected | TransportLagged
+"""Anything a transport delivers: a message, a peer connecting or leaving, or lag."""
 
 RequestHandler = Callable[[str, bytes], Awaitable[bytes]]
 """Answers a request: called with (sender node id, payload), returns the response payload."""

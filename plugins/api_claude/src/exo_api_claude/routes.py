@@ -8,9 +8,9 @@ from litestar import Response, Router, post
 
 from exo_api_claude import translate
 from exo_api_claude.types import CountTokensRequest, MessagesRequest
-from exo_core.plugin import (
+from exo_core.plugin import InjectedGeneration
+from exo_core.plugin.dialect import (
     AnyRequest,
-    InjectedGeneration,
     answer,
     decode_body,
     dialect_router,

@@ -35,12 +35,10 @@ from exo_core.plugin import (
     ErrorChunk,
     FinishChunk,
     FinishReason,
-    GenerationFailed,
     GenerationParams,
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
-    SamplingValues,
     TextChunk,
     ThinkingChunk,
     ToolCall,
@@ -48,6 +46,10 @@ from exo_core.plugin import (
     ToolCallDeltaChunk,
     ToolSpec,
     Usage,
+)
+from exo_core.plugin.dialect import (
+    GenerationFailed,
+    SamplingValues,
     answered,
     finish_failure,
     resolve_sampling,

@@ -13,8 +13,6 @@ from litestar import Response, Router, get, head, post
 from exo_api_ollama import translate
 from exo_api_ollama.types import ChatRequest, GenerateRequest, ShowRequest
 from exo_core.plugin import (
-    NDJSON_MEDIA_TYPE,
-    AnyRequest,
     Chunk,
     GenerationService,
     InjectedGeneration,
@@ -23,6 +21,10 @@ from exo_core.plugin import (
     ModelCard,
     ModelNotFound,
     NodeContext,
+)
+from exo_core.plugin.dialect import (
+    NDJSON_MEDIA_TYPE,
+    AnyRequest,
     answer,
     decode_body,
     dialect_router,

@@ -15,7 +15,6 @@ import msgspec
 
 from exo_api_ollama.types import ChatRequest, GenerateRequest, MessageIn, Options, Think, ToolIn
 from exo_core.plugin import (
-    UNFINISHED,
     Capability,
     ChatMessage,
     Chunk,
@@ -23,13 +22,11 @@ from exo_core.plugin import (
     ErrorChunk,
     FinishChunk,
     FinishReason,
-    GenerationFailed,
     GenerationParams,
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
     SamplingParams,
-    SamplingValues,
     TextChunk,
     ThinkingChunk,
     TokenLogprob,
@@ -37,6 +34,11 @@ from exo_core.plugin import (
     ToolCallChunk,
     ToolSpec,
     Usage,
+)
+from exo_core.plugin.dialect import (
+    UNFINISHED,
+    GenerationFailed,
+    SamplingValues,
     finish_failure,
     resolve_sampling,
 )

@@ -17,18 +17,8 @@ from litestar import Response, Router, post
 from exo_api_openai import bench_images, chat, common
 from exo_api_openai.errors import api_error
 from exo_api_openai.types import ChatCompletionRequest
-from exo_core.plugin import (
-    AnyRequest,
-    Chunk,
-    FinishChunk,
-    InjectedGeneration,
-    InvalidRequest,
-    Usage,
-    answer,
-    decode_body,
-    dialect_router,
-    documented_body,
-)
+from exo_core.plugin import Chunk, FinishChunk, InjectedGeneration, InvalidRequest, Usage
+from exo_core.plugin.dialect import AnyRequest, answer, decode_body, dialect_router, documented_body
 
 PrefixCacheHit = Literal["none", "partial", "exact"]
 

@@ -21,8 +21,6 @@ from litestar.enums import RequestEncodingType
 
 from exo_api_openai import common, images
 from exo_core.plugin import (
-    ACCEPTS_OPT,
-    AnyRequest,
     Chunk,
     FinishChunk,
     GenerationService,
@@ -32,10 +30,8 @@ from exo_core.plugin import (
     InvalidRequest,
     NodeContext,
     ProgressChunk,
-    answer,
-    decode_body,
-    documented_body,
 )
+from exo_core.plugin.dialect import ACCEPTS_OPT, AnyRequest, answer, decode_body, documented_body
 
 
 class StepClock:

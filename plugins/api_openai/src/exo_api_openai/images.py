@@ -23,16 +23,13 @@ from exo_core.plugin import (
     Chunk,
     ErrorChunk,
     FinishChunk,
-    GenerationFailed,
     ImageChunk,
-    ImageRequest,
-    InvalidImageRequest,
     InvalidRequest,
     KeepAliveChunk,
     ProgressChunk,
-    answered,
-    parse_size,
 )
+from exo_core.plugin.dialect import GenerationFailed, answered
+from exo_core.plugin.images import ImageRequest, InvalidImageRequest, parse_size
 
 ResponseFormat = Literal["b64_json", "url"]
 OutputFormat = Literal["png", "jpeg", "webp"]

@@ -25,19 +25,16 @@ from exo_api_openai.types import (
     ResponsesRequest,
 )
 from exo_core.plugin import (
-    UNFINISHED,
     ChatMessage,
     Chunk,
     ContentPart,
     ErrorChunk,
     FinishChunk,
     FinishReason,
-    GenerationFailed,
     GenerationParams,
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
-    SamplingValues,
     TextChunk,
     ThinkingChunk,
     ToolCall,
@@ -45,6 +42,11 @@ from exo_core.plugin import (
     ToolCallDeltaChunk,
     ToolSpec,
     Usage,
+)
+from exo_core.plugin.dialect import (
+    UNFINISHED,
+    GenerationFailed,
+    SamplingValues,
     finish_failure,
     resolve_sampling,
 )

@@ -17,14 +17,16 @@ from exo_api_openai.image_store import MEDIA_TYPES
 from exo_api_openai.models import model_list, model_object
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
 from exo_core.plugin import (
-    ACCEPTS_OPT,
-    AnyRequest,
     GenerationService,
     InjectedGeneration,
     InjectedNode,
     InvalidRequest,
     ModelNotFound,
     NodeContext,
+)
+from exo_core.plugin.dialect import (
+    ACCEPTS_OPT,
+    AnyRequest,
     answer,
     decode_body,
     dialect_router,

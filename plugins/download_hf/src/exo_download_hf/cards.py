@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from exo_core.plugin import Capability, ModelCard, ModelId, card_config_problem, load_catalogue
+from exo_core.plugin import Capability, ModelCard, ModelId
+from exo_core.plugin.cards import card_config_problem, load_catalogue
 from exo_download_hf.chat_format import ChatFormat
 from exo_download_hf.hub import RemoteFile
 

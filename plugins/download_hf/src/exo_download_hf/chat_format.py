@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exo_core.plugin import V4_BLOCK, V32_BLOCK, Capability, speaks_harmony, thinking_switch
+from exo_core.plugin import Capability
+from exo_core.plugin.parsers import V4_BLOCK, V32_BLOCK, speaks_harmony, thinking_switch
 
 # mlx-lm's tool parser whose format one of the core's output parsers reads: the card names
 # the core's parser, so the node parses it too (as the built-in cards do).

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from exo_core.plugin import UnsafeModelPath, check_model_id, model_path
+from exo_core.plugin import UnsafeModelPath
+from exo_core.plugin.cards import check_model_id, model_path
 
 FreeSpace = Callable[[Path], int]
 

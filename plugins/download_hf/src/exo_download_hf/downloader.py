@@ -19,19 +19,14 @@ import anyio
 import anyio.to_thread
 from loguru import logger
 
-from exo_core.plugin import (
+from exo_core.plugin import ModelCard, NodeId, UnsafeModelPath, public_message
+from exo_core.plugin.cards import is_safe_model_id, model_id_problem, remove_model_dir
+from exo_core.plugin.download import (
     Downloader,
     DownloadFailed,
     DownloadProgress,
     DownloadStatus,
-    ModelCard,
-    NodeId,
     ProgressReporter,
-    UnsafeModelPath,
-    is_safe_model_id,
-    model_id_problem,
-    public_message,
-    remove_model_dir,
 )
 from exo_download_hf.cards import WEIGHT_SUFFIX, HubRef, hub_ref
 from exo_download_hf.dirs import BOOKKEEPING, FreeSpace, ModelDirs, disk_free

@@ -16,13 +16,9 @@ import msgspec
 from litestar import Request, Response, Router, post
 from loguru import logger
 
-from exo_core.plugin import (
-    DownloadFailed,
-    InjectedNode,
-    NodeContext,
-    native_error,
-    new_id,
-)
+from exo_core.plugin import InjectedNode, NodeContext, new_id
+from exo_core.plugin.dialect import native_error
+from exo_core.plugin.download import DownloadFailed
 from exo_download_hf.downloader import HfDownloader
 
 _START_FIELDS = {"target_node_id": "targetNodeId", "shard_metadata": "shardMetadata"}

@@ -14,20 +14,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from loguru import logger
 
-from exo_core.plugin import (
+from exo_core.plugin import IndexedEvent, ModelCard, NodeContext, NodeId, State, hookimpl
+from exo_core.plugin.cards import instances_using, is_safe_model_id
+from exo_core.plugin.download import (
     DownloadDeleted,
     DownloadProgress,
     DownloadProgressed,
     DownloadStatus,
-    IndexedEvent,
-    ModelCard,
-    NodeContext,
-    NodeId,
     ReportEvents,
-    State,
-    hookimpl,
-    instances_using,
-    is_safe_model_id,
 )
 from exo_download_hf import exo_download_routes
 from exo_download_hf.cards import HubRef, builtin_cards, ref_for

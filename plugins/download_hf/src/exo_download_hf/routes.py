@@ -15,20 +15,10 @@ from litestar import Request, Response, Router, delete, get, post
 from litestar.params import FromPath, JSONBody, QueryParameter
 from loguru import logger
 
-from exo_core.plugin import (
-    AddModelCard,
-    DeleteDownload,
-    DownloadFailed,
-    InjectedNode,
-    ModelId,
-    NodeContext,
-    NodeId,
-    RemoveModelCard,
-    UnsafeModelPath,
-    instances_using,
-    model_id_problem,
-    native_error,
-)
+from exo_core.plugin import InjectedNode, ModelId, NodeContext, NodeId, UnsafeModelPath
+from exo_core.plugin.cards import instances_using, model_id_problem
+from exo_core.plugin.dialect import native_error
+from exo_core.plugin.download import AddModelCard, DeleteDownload, DownloadFailed, RemoveModelCard
 from exo_download_hf.cards import CardError, card_from_config, ref_for
 from exo_download_hf.chat_format import ChatFormat, detect
 from exo_download_hf.downloader import HfDownloader

@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from exo_core.plugin import (
+from exo_core.plugin import ModelCard, Sharding
+from exo_core.plugin.engine import (
     RING_TOKEN_ENV,
     Engine,
-    ModelCard,
     Runner,
     RunnerSpec,
-    Sharding,
     derive_key,
     ring_token,
     runner_env,

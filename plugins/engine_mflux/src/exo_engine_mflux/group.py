@@ -21,20 +21,17 @@ from dataclasses import dataclass
 import mlx.core as mx
 import msgspec
 
-from exo_core.plugin import (
-    Chunk,
-    FinishChunk,
-    FinishReason,
+from exo_core.plugin import Chunk, FinishChunk, FinishReason, TaskId
+from exo_core.plugin.engine import (
     FollowerFinals,
-    ImageRequest,
     RunnerOutbox,
     RunnerShutdown,
     RunnerSubmit,
-    TaskId,
     Watchdog,
     any_rank,
     broadcast,
 )
+from exo_core.plugin.images import ImageRequest
 from exo_engine_mflux.runner_process import Inbox, run_request
 
 # Finals a follower keeps for tasks its worker has not submitted yet.

@@ -17,7 +17,7 @@ from typing import Any
 import mlx.core as mx
 from PIL import Image
 
-from exo_core.plugin import ImageFormat
+from exo_core.plugin.images import ImageFormat
 
 # The card's family -> (mflux model class, mflux model config name, default steps, guidance).
 FAMILIES: dict[str, tuple[str, str, int, float]] = {

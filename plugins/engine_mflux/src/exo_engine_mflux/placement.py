@@ -8,14 +8,11 @@ the encoders and the VAE (it runs the whole pipeline on the same seed, see `spli
 
 from __future__ import annotations
 
-from exo_core.plugin import (
-    ModelCard,
-    NodeInfo,
+from exo_core.plugin import ModelCard, NodeInfo, PlacementRefused, State
+from exo_core.plugin.placement import (
     NodeShare,
     PlacementOption,
-    PlacementRefused,
     PlacementRequest,
-    State,
     human_bytes,
     split_layers,
 )

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-from exo_core.plugin import (
-    Engine,
-    ModelCard,
-    NodeConfig,
-    PlacementOption,
-    PlacementRequest,
-    State,
-    hookimpl,
-)
+from exo_core.plugin import ModelCard, NodeConfig, State, hookimpl
+from exo_core.plugin.engine import Engine
+from exo_core.plugin.placement import PlacementOption, PlacementRequest
 
 
 @hookimpl
 def exo_engines(config: NodeConfig) -> list[Engine]:
-    from exo_core.plugin import derive_key
+    from exo_core.plugin.engine import derive_key
     from exo_engine_mflux.engine import MfluxEngine
 
     secret = derive_key(config.cluster_key, f"exo-mflux-ring:{config.namespace}")

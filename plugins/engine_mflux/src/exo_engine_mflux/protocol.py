@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from exo_core.plugin import RunnerSpec
+from exo_core.plugin.engine import RunnerSpec
 
 
 class Launch(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 
-from exo_core.plugin import Chunk, ErrorChunk, GroupRunner, RunnerSpec, Task
+from exo_core.plugin import Chunk, ErrorChunk, Task
+from exo_core.plugin.engine import GroupRunner, RunnerSpec
 from exo_engine_mflux.protocol import Launch, encode
 from exo_engine_mflux.runner_process import main as runner_main
 

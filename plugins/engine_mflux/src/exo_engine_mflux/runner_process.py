@@ -23,24 +23,26 @@ from exo_core.plugin import (
     FinishChunk,
     FinishReason,
     ImageChunk,
-    ImageRequest,
     ProgressChunk,
+    RunnerStatus,
+    TaskId,
+    Usage,
+    public_message,
+)
+from exo_core.plugin.engine import (
     RunnerCancel,
     RunnerOutbox,
     RunnerShutdown,
-    RunnerStatus,
     RunnerSubmit,
-    TaskId,
     ToRunner,
-    Usage,
     Watchdog,
     barrier,
     join_group,
-    public_message,
     report_load_failure,
     run_runner_child,
     start_rank_reader,
 )
+from exo_core.plugin.images import ImageRequest
 from exo_engine_mflux.families import pipeline_family
 from exo_engine_mflux.protocol import Launch, decode_launch
 

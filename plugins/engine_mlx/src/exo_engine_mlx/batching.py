@@ -36,7 +36,6 @@ from exo_core.plugin import (
     FinishReason,
     GenerationParams,
     KeepAliveChunk,
-    OutputParser,
     TaskId,
     TextChunk,
     ThinkingChunk,
@@ -44,6 +43,7 @@ from exo_core.plugin import (
     TopLogprob,
     Usage,
 )
+from exo_core.plugin.parsers import OutputParser
 from exo_engine_mlx.generation_batch import ARGMAX, install
 from exo_engine_mlx.generation_solo import SoloGenerator, batchable
 from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony

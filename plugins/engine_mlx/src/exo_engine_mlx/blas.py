@@ -1,8 +1,7 @@
 """A dense fp32 fast path for MLX on the CPU, and the fast BLAS that makes it pay.
 
-Finding and preloading the BLAS is the core's (`exo_core.blas`, shared with other engines);
-its names are re-exported here for the engine's callers. EXO_DENSE=auto|on|off selects the
-dense fast path.
+Finding and preloading the BLAS is the core's, shared with other engines: import it from
+`exo_core.plugin.engine`. EXO_DENSE=auto|on|off selects the dense fast path.
 """
 
 from __future__ import annotations
@@ -20,31 +19,10 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_unflatten
 
-from exo_core.plugin import (
-    GEMM_SYMBOLS,
-    blas_threads,
-    build_prefix_shim,
-    candidates,
-    find_fast_blas,
-    loaded_blas,
-    preload_works,
-    runner_env,
-    shim_for,
-)
-
 __all__ = [
-    "GEMM_SYMBOLS",
-    "blas_threads",
-    "build_prefix_shim",
-    "candidates",
     "dense_fp32_bytes",
     "dequantize_model",
-    "find_fast_blas",
     "gemm_gflops",
-    "loaded_blas",
-    "preload_works",
-    "runner_env",
-    "shim_for",
     "should_dequantize",
 ]
 

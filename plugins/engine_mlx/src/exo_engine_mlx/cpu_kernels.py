@@ -29,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 import exo_mlx_cpu_kernels as kernels
-from exo_engine_mlx.blas import loaded_blas
+from exo_core.plugin.engine import loaded_blas
 
 # Kernel or dequantize + BLAS for a batch of rows: the cheaper in CPU time, from a cost model
 # fitted to bench/bench_cpu_kernels.py (2-core AMD EPYC, avx2, 1 thread each, CPU time, 4-bit

@@ -10,19 +10,17 @@ from typing import Any
 import anyio
 import msgspec
 
-from exo_core.plugin import (
+from exo_core.plugin import ModelCard, ModelTask, Sharding
+from exo_core.plugin.engine import (
     RING_TOKEN_ENV,
     Engine,
-    ModelCard,
-    ModelTask,
-    PlacementOption,
     Runner,
     RunnerSpec,
-    Sharding,
     derive_key,
     ring_token,
+    runner_env,
 )
-from exo_engine_mlx.blas import runner_env
+from exo_core.plugin.placement import PlacementOption
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from exo_core.plugin import (
-    RING_TOKEN_ENV,
     ChatMessage,
     Chunk,
     ErrorChunk,
@@ -42,8 +41,8 @@ from exo_core.plugin import (
     SamplingParams,
     TaskId,
     TextChunk,
-    any_rank,
 )
+from exo_core.plugin.engine import RING_TOKEN_ENV, any_rank
 
 # The tiny models of the sweep: four layers, so a pipeline can give its ranks 1 and 3.
 LAYERS = 4
@@ -214,7 +213,7 @@ def rank_main(job_path: str, rank: int) -> None:
     Rank 0 appends a line per case to the job's output: "start" first, then the result."""
     from loguru import logger
 
-    from exo_core.plugin import RunnerSpec, join_group
+    from exo_core.plugin.engine import RunnerSpec, join_group
 
     # Short tracebacks: loguru's default (every frame's values) can take minutes on arrays.
     logger.remove()
@@ -275,7 +274,7 @@ def _run_pair(cases: Sequence[Case], deadline: float) -> dict[str, CaseResult]:
     """One pair of rank processes over `cases`, in order, until they end or `deadline`."""
     import msgspec
 
-    from exo_core.plugin import group_env
+    from exo_core.plugin.engine import group_env
     from exo_engine_mlx.distributed.testing import group_specs
 
     work = Path(tempfile.mkdtemp(prefix="family-sweep-"))

@@ -18,19 +18,16 @@ import json
 from openai_harmony import HarmonyEncoding, HarmonyError, Message, Role, StreamableParser
 
 from exo_core.plugin import (
-    ArgumentStream,
     Chunk,
-    OutputParser,
     TaskId,
     TextChunk,
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
     ToolCallDeltaChunk,
-    ToolCallParseError,
     new_id,
-    tool_call,
 )
+from exo_core.plugin.parsers import ArgumentStream, OutputParser, ToolCallParseError, tool_call
 from exo_engine_mlx.harmony_encoding import harmony_encoding
 
 START, MESSAGE, END = "<|start|>", "<|message|>", "<|end|>"

@@ -25,7 +25,9 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exo_core.plugin import cache_dir, replace_durably, speaks_harmony
+from exo_core.plugin import cache_dir
+from exo_core.plugin.engine import replace_durably
+from exo_core.plugin.parsers import speaks_harmony
 
 if TYPE_CHECKING:  # the package (and pydantic) load in ~1 s: only for gpt-oss models
     from openai_harmony import HarmonyEncoding

@@ -20,8 +20,9 @@ import mlx.nn as nn
 import psutil
 from loguru import logger
 
+from exo_core.plugin.engine import loaded_blas
 from exo_engine_mlx.bitlinear import convert_bitlinear, needs_conversion
-from exo_engine_mlx.blas import dequantize_model, loaded_blas, should_dequantize
+from exo_engine_mlx.blas import dequantize_model, should_dequantize
 from exo_engine_mlx.cpu_kernels import (
     keep_dense_weights,
     kept_dense_budget,

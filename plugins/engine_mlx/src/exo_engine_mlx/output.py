@@ -15,14 +15,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from exo_core.plugin import (
+from exo_core.plugin import GenerationParams, ToolCall
+from exo_core.plugin.parsers import (
     ChainedParser,
-    GenerationParams,
     HermesCallStream,
     OutputParser,
     ThinkParser,
     ToolBlockParser,
-    ToolCall,
     ToolCallParseError,
     tool_call,
 )

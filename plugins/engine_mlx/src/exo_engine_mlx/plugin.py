@@ -6,12 +6,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from exo_core.plugin import Engine, ModelCard, NodeConfig, hookimpl
+from exo_core.plugin import ModelCard, NodeConfig, hookimpl
+from exo_core.plugin.engine import Engine
 
 
 @hookimpl
 def exo_engines(config: NodeConfig) -> list[Engine]:
-    from exo_core.plugin import derive_key
+    from exo_core.plugin.engine import derive_key
     from exo_engine_mlx.engine import MlxEngine
 
     secret = derive_key(config.cluster_key, f"exo-mlx-ring:{config.namespace}")
@@ -30,7 +31,8 @@ def _import_gguf(args: argparse.Namespace) -> int:
     """Convert, then leave a card beside the model so that `exo` serves it under its id."""
     import sys
 
-    from exo_core.plugin import UnsafeModelPath, check_model_id
+    from exo_core.plugin import UnsafeModelPath
+    from exo_core.plugin.cards import check_model_id
     from exo_engine_mlx.cards import card_from_gguf, write_imported_card
     from exo_engine_mlx.gguf import GGUFImportError, import_gguf
     from exo_engine_mlx.gguf.cli import default_out_dir

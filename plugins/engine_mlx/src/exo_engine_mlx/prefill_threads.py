@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from exo_core.plugin import usable_cores
+from exo_core.plugin.engine import usable_cores
 
 # (library file name prefix, its set/get thread count functions)
 _LIBRARIES = (

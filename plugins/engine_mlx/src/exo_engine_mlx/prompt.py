@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from exo_core.plugin import ChatMessage, GenerationParams, thinking_switch
+from exo_core.plugin import ChatMessage, GenerationParams
+from exo_core.plugin.parsers import thinking_switch
 from exo_engine_mlx.harmony_encoding import is_harmony
 
 

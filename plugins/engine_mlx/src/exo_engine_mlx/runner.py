@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from exo_core.plugin import GroupRunner, RunnerSpec
+from exo_core.plugin.engine import GroupRunner, RunnerSpec
 from exo_engine_mlx.protocol import Launch, RunnerOptions, encode
 from exo_engine_mlx.runner_process import main as runner_main
 

@@ -23,16 +23,18 @@ from exo_core.plugin import (
     ChatMessage,
     ErrorChunk,
     GenerationParams,
+    RunnerStatus,
+    SamplingParams,
+    TaskId,
+    public_message,
+)
+from exo_core.plugin.engine import (
     RunnerCancel,
     RunnerOutbox,
     RunnerShutdown,
     RunnerSpec,
-    RunnerStatus,
     RunnerSubmit,
-    SamplingParams,
-    TaskId,
     ToRunner,
-    public_message,
     report_load_failure,
     run_runner_child,
     start_rank_reader,
@@ -74,7 +76,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
         return load_model(spec.model_path, trust_remote_code=spec.card.trust_remote_code), None
-    from exo_core.plugin import barrier, join_group
+    from exo_core.plugin.engine import barrier, join_group
 
     out.status(RunnerStatus.CONNECTING)
     group = join_group(spec, options.group_connect_timeout_s, guard)
@@ -95,7 +97,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
 
 
 def serve(conn: Connection, launch: Launch) -> int:
-    from exo_core.plugin import Watchdog, any_rank
+    from exo_core.plugin.engine import Watchdog, any_rank
     from exo_engine_mlx.batching import BatchEngine, can_batch, has_recurrent_state
     from exo_engine_mlx.prefix_cache import PrefixCache
 

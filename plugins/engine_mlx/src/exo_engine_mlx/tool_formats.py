@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from exo_core.plugin import (
+from exo_core.plugin.parsers import (
     V4_BLOCK,
     V32_BLOCK,
     ArgumentStream,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from exo_core.plugin import NodeConfig, Transport, hookimpl
+from exo_core.plugin import NodeConfig, hookimpl
+from exo_core.plugin.transport import Transport
 from exo_transport_libp2p.transport import Libp2pTransport
 
 # The names under which `config.transport` selects this plugin's transport.

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from exo_core.plugin import Transport
+from exo_core.plugin.transport import Transport
 from exo_transport_libp2p.transport import Libp2pTransport
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from exo_core.plugin import (
+from exo_core.plugin.transport import (
     PayloadTooLarge,
     PeerConnected,
     PeerDisconnected,

@@ -21,16 +21,12 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import msgspec
 
-from exo_core.plugin import (
-    Chunk,
-    FinishChunk,
-    FinishReason,
+from exo_core.plugin import Chunk, FinishChunk, FinishReason, GenerationParams, TaskId
+from exo_core.plugin.engine import (
     FollowerFinals,
-    GenerationParams,
     RunnerCancel,
     RunnerShutdown,
     RunnerSubmit,
-    TaskId,
     ToRunner,
     Watchdog,
 )

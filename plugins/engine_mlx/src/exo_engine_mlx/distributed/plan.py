@@ -13,7 +13,8 @@ import mlx.core as mx
 import msgspec
 from mlx_lm.generate import generation_stream
 
-from exo_core.plugin import GenerationParams, TaskId, broadcast
+from exo_core.plugin import GenerationParams, TaskId
+from exo_core.plugin.engine import broadcast
 
 
 class Join(msgspec.Struct, frozen=True, kw_only=True):

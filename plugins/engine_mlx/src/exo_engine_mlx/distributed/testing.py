@@ -32,9 +32,7 @@ from exo_core.plugin import (
     ModelCard,
     ModelId,
     NodeId,
-    RunnerDied,
     RunnerId,
-    RunnerSpec,
     RunnerStatus,
     SamplingParams,
     ShardAssignment,
@@ -42,8 +40,9 @@ from exo_core.plugin import (
     Task,
     TaskId,
     TextChunk,
-    split_layers,
 )
+from exo_core.plugin.engine import RunnerDied, RunnerSpec
+from exo_core.plugin.placement import split_layers
 from exo_engine_mlx.protocol import RunnerOptions
 from exo_engine_mlx.runner import MlxRunner
 
@@ -154,7 +153,7 @@ class RunnerGroup:
     _exit: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
     def __enter__(self) -> RunnerGroup:
-        from exo_engine_mlx.blas import runner_env
+        from exo_core.plugin.engine import runner_env
 
         env = dict(self.env) if self.env is not None else runner_env()
         self._portal = self._exit.enter_context(start_blocking_portal())

@@ -8,7 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from exo_core.plugin import UnsafeModelPath, check_model_id, model_path
+from exo_core.plugin import UnsafeModelPath
+from exo_core.plugin.cards import check_model_id, model_path
 
 from .convert import import_gguf
 from .reader import GGUFImportError

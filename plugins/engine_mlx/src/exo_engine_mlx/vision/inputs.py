@@ -14,7 +14,8 @@ import mlx.nn as nn
 from loguru import logger
 from PIL import Image
 
-from exo_core.plugin import GenerationParams, ImageInputError, decode_data_url
+from exo_core.plugin import GenerationParams
+from exo_core.plugin.images import ImageInputError, decode_data_url
 from exo_engine_mlx.prompt import PromptError
 from exo_engine_mlx.vision.embedding import FeatureStore, VisionEmbedding, text_ids_only
 
