@@ -50,6 +50,10 @@ class ElectionTiming:
     regroup: float = 0.2
     # How long a node that was given peers to join waits for them before it runs alone.
     alone_grace: float = 5.0
+    # How long the best survivor has to take over before the next in rank runs instead (and
+    # so on, round the ranking): a candidate whose catch-up or vote requests keep failing
+    # must not leave the others waiting for it forever.
+    takeover: float = 4.0
 
 
 _LATE_S = 0.001
@@ -71,6 +75,16 @@ def plausible_later_vote(voted_term: int, term: int) -> bool:
 
 def rank_key(c: Campaign) -> tuple[bool, int, int, int, int, str]:
     return (c.force_master, c.term, c.priority, -c.seniority, c.commands_seen, c.node_id)
+
+
+def candidate(pool: list[Campaign], failed_turns: int) -> Campaign:
+    """Who should run now: the best in rank, or after `failed_turns` turns that brought no
+    master, the next ones in rank, round robin (every survivor counts turns from its own loss
+    of the master; they agree but near a turn's end, and votes settle that)."""
+    ranked = sorted(pool, key=rank_key, reverse=True)
+    if ranked[0].force_master:
+        return ranked[0]  # the operator's choice waits for no one else
+    return ranked[failed_turns % len(ranked)]
 
 
 class Election:
@@ -98,6 +112,8 @@ class Election:
         self._lost_master_at: float | None = None
         self._wake = anyio.Event()
         self._majority_at: float | None = None  # when this node last heard a majority
+        self._busy = False  # in `evaluate` (which may be taking over)
+        self._last_sent = float("-inf")
         self.master: NodeId | None = None
         self.term = 0
 
@@ -152,6 +168,20 @@ class Election:
         return campaign.node_id if campaign.is_master and campaign.term == self.term else None
 
     async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._beat_while_busy)
+            await self._loop()
+
+    async def _beat_while_busy(self) -> None:
+        """Keep campaigning while `evaluate` waits on a takeover (its catch-up may take many
+        seconds on a lossy link): a candidate that fell silent would count as gone, and the
+        others, short of a majority without it, would all wait for it."""
+        while True:
+            await anyio.sleep(self.timing.heartbeat)
+            if self._busy and anyio.current_time() - self._last_sent >= self.timing.heartbeat:
+                await self._send(self._me())
+
+    async def _loop(self) -> None:
         self._started = anyio.current_time()
         next_beat = self._started
         while True:
@@ -160,7 +190,11 @@ class Election:
                 await self._send(me)
                 next_beat = anyio.current_time() + self.timing.heartbeat
             role = self.master, self.term, self._lost_master_at is None
-            await self.evaluate(me)
+            self._busy = True
+            try:
+                await self.evaluate(me)
+            finally:
+                self._busy = False
             if (self.master, self.term, self._lost_master_at is None) != role:
                 # Announce a new role, or the loss of the master, without waiting a beat: the
                 # survivors rank each other by fresh campaigns when `regroup` ends.
@@ -185,6 +219,7 @@ class Election:
         return None if lost is None else lost + self.timing.regroup
 
     async def _send(self, me: Campaign) -> None:
+        self._last_sent = anyio.current_time()
         try:
             await self._broadcast(me)
         except Exception as e:  # never let a broadcast failure stop elections
@@ -239,13 +274,19 @@ class Election:
             return  # too few nodes in reach to commit anything: no master on this side
         # Outsiders stand aside while members are in reach: an outsider's forced mastership
         # must not make the members wait for it.
-        best = max(self.eligible([me, *others]), key=rank_key)
-        if best.node_id == me.node_id:
-            pool = self.eligible([me, *others])
+        pool = self.eligible([me, *others])
+        if candidate(pool, self._failed_turns(now)).node_id == me.node_id:
             highest = max([self.term, *(max(c.term, c.voted_term) for c in pool)])
             term = next_term(highest, me.node_id)
             if await self._become_master(term):
                 self.master, self.term, self._lost_master_at = me.node_id, term, None
+
+    def _failed_turns(self, now: float) -> int:
+        """How many candidates had their `takeover` turn since the master was lost."""
+        lost = self._lost_master_at
+        return (
+            0 if lost is None else int((now - lost - self.timing.regroup) // self.timing.takeover)
+        )
 
     async def _set_following(self, master: Campaign) -> None:
         self.master, self.term, self._lost_master_at = master.node_id, master.term, None

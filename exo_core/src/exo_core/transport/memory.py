@@ -27,12 +27,16 @@ from exo_core.transport.base import (
 
 @dataclass
 class Faults:
-    """Probabilities applied to each broadcast delivery (requests only see partitions)."""
+    """Probabilities applied to each broadcast delivery; requests see partitions, and
+    `request_loss`: a request lost on its way (never handled) or its answer lost on the way
+    back (handled: a vote granted whose grant never arrives), each half the time, and the
+    asker waits out its timeout."""
 
     loss: float = 0.0
     duplication: float = 0.0
     reorder: float = 0.0
     max_delay: float = 0.05
+    request_loss: float = 0.0
 
 
 @dataclass
@@ -111,6 +115,12 @@ class MemoryNetwork:
         self._announce(before)
         del self._nodes[node.node_id]
 
+    def request_lost(self) -> str | None:
+        """Which part of a request the network loses: "request", "answer" or None."""
+        if not self.faults.request_loss or self.rng.random() >= self.faults.request_loss:
+            return None
+        return self.rng.choice(["request", "answer"])
+
     def _deliver(self, sender: str, topic: str, payload: bytes) -> None:
         for peer in list(self._nodes.values()):
             if not self._heard(sender, peer.node_id) or topic not in peer.topics:
@@ -169,9 +179,13 @@ class MemoryTransport(Transport):
             raise RequestFailed(f"peer {peer} answers no requests")
         try:
             async with asyncio.timeout(timeout):
-                if not self._network._heard(self._id, peer):
+                lost = self._network.request_lost()
+                if not self._network._heard(self._id, peer) or lost == "request":
                     await asyncio.sleep(timeout + 1)  # no answer ever comes
-                return await target._handler(self._id, payload)
+                answer = await target._handler(self._id, payload)
+                if lost == "answer":
+                    await asyncio.sleep(timeout + 1)
+                return answer
         except TimeoutError as e:
             raise RequestFailed(f"request to {peer} timed out after {timeout}s") from e
         except RequestFailed:
