@@ -2,7 +2,7 @@
 7B-shaped random-weight llamas in Q4_0 (bench/bench_model_1b.py, written once and cached).
 
     .venv/bin/python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 16] [--streams 8]
-        [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000]
+        [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000] [--skip-llamacpp]
 
 Both servers are driven the same way, one after the other, through their OpenAI streaming
 endpoints with the official `openai` client: the same prompt, greedy, `--tokens` new tokens,
@@ -252,6 +252,7 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2,1b,7b", help="comma-separated: smollm2,1b,7b")
     parser.add_argument("--pause-tokens", type=int, default=2000, help="0: no pause measured")
     parser.add_argument("--skip-exo", action="store_true")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="neither build nor run it")
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).parent))
@@ -268,9 +269,10 @@ def main() -> None:
     compiled = os.environ.get("EXO_COMPILE_STEP", "auto")
     print(f"exo      CPU kernels: {kernels.simd()} (EXO_CPU_KERNELS={kernel_mode}, ", end="")
     print(f"EXO_COMPILE_STEP={compiled})")
-    binary = build_server()
+    binary = None if args.skip_llamacpp else build_server()
     if binary is None:
-        print("llama.cpp: skipped (llama-server could not be built; reason above)")
+        why = "--skip-llamacpp" if args.skip_llamacpp else "llama-server could not be built; above"
+        print(f"llama.cpp: skipped ({why})")
     models_dir = CACHE / "models"
     for model in bench_models(args.models.split(","), args.tokens, args.big_tokens, models_dir):
         print(f"\n== {model.label} ({model.gguf.name}), {model.tokens} new tokens", flush=True)
