@@ -211,7 +211,9 @@ def exo_figures(
 
     from exo_core.testing.processes import exo_processes, wait_joined
 
-    with exo_processes(data_dir, 1, env={"EXO_PREFIX_CACHE_BYTES": "0"}) as (node,):
+    # A 7B's warm-up step on a busy 2-core CPU outlasts the default 60 s step watchdog.
+    env = {"EXO_PREFIX_CACHE_BYTES": "0", "EXO_GROUP_STEP_TIMEOUT_S": "900"}
+    with exo_processes(data_dir, 1, env=env) as (node,):
         wait_joined([node], engine="mlx")
         url = f"{node.url}/v1"
         figures = measure(url, model.exo_id, model.tokens, streams, {}, rounds)
