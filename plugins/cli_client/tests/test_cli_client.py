@@ -29,8 +29,8 @@ TINY_CONFIG = {
     "num_key_value_heads": 2,
 }
 WEIGHTS = 2_000_000
-# Runners prefill this many prompt tokens a step (2048 by default): a prompt of a few hundred
-# tokens then reports its progress, quickly.
+# Runners prefill this many prompt tokens a step (EXO_PREFILL_CHUNK, 256 by default): a prompt
+# of a few hundred tokens then reports its progress, quickly.
 PREFILL_STEP = 64
 
 
@@ -49,7 +49,7 @@ def hub() -> Iterator[HubStandIn]:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory, hub: HubStandIn) -> Iterator[ExoProcess]:
-    env = {"HF_ENDPOINT": hub.url, "EXO_PREFILL_STEP_SIZE": str(PREFILL_STEP)}
+    env = {"HF_ENDPOINT": hub.url, "EXO_PREFILL_CHUNK": str(PREFILL_STEP)}
     with exo_processes(tmp_path_factory.mktemp("cli"), 1, env=env) as (started,):
         wait_until(lambda: started.get("/healthz")["master"] is not None, timeout=120)
         yield started

@@ -18,7 +18,6 @@ EXIT_UNREACHABLE = 3  # no node answered at --node
 EXIT_NOT_FOUND = 4  # the model (or instance) is unknown to the cluster
 EXIT_INTERRUPTED = 130  # Ctrl-C
 
-DEFAULT_NODE = "http://127.0.0.1:52415"
 
 # The SSE comment a node streams while it prefills a long prompt (see api_openai's chat).
 _PREFILL = re.compile(r"^: ?prefill (\d+)/(\d+)")

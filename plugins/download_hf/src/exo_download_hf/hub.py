@@ -13,11 +13,12 @@ import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import msgspec
-from huggingface_hub import HfApi, constants, hf_hub_url
+from huggingface_hub import constants, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -27,7 +28,6 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.hf_api import ModelInfo
 from huggingface_hub.utils import (
     build_hf_headers,
     get_session,
@@ -37,6 +37,12 @@ from huggingface_hub.utils import (
 
 from exo_core.plugin import public_message
 from exo_download_hf.verify import ExpectedHash
+
+# huggingface_hub's API client (hf_api, ~12 MB resident) is imported when a node first asks the
+# hub for a model's files or a search, not by every node at start-up.
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import ModelInfo
 
 # Seconds to wait for the first byte, and between bytes, before a ranged GET is retried.
 READ_TIMEOUT_S = 60.0
@@ -129,7 +135,12 @@ class HubClient:
         )
         # None lets huggingface_hub find the token (HF_TOKEN, then the token file) per request.
         self._token = token
-        self.api = HfApi(endpoint=self.endpoint, token=token)
+
+    @cached_property
+    def api(self) -> HfApi:
+        from huggingface_hub import HfApi
+
+        return HfApi(endpoint=self.endpoint, token=self._token)
 
     @contextlib.contextmanager
     def _translated(self, what: str) -> Iterator[None]:
@@ -214,7 +225,9 @@ class HubClient:
             raise HubError(f"{what}: the hub's answer is not JSON: {e}") from e
         if not isinstance(items, list):
             raise HubError(f"{what}: the hub's answer is not a list")
-        return [ModelInfo(**item) for item in items if isinstance(item, dict)]  # pyright: ignore[reportUnknownArgumentType]
+        from huggingface_hub import hf_api  # the API client, only when asked (a node's memory)
+
+        return [hf_api.ModelInfo(**item) for item in items if isinstance(item, dict)]  # pyright: ignore[reportUnknownArgumentType]
 
     @contextlib.contextmanager
     def open_range(self, repo_id: str, path: str, revision: str, start: int) -> Iterator[RangeBody]:

@@ -10,6 +10,13 @@ A model whose cache the batch generator cannot batch (llama4, deepseek_v41) is s
 cache, stepped in turn, with every rule below unchanged (the prefix cache included: a finished
 request's own cache is stored, and a new one starts from a copy of the longest stored prefix).
 
+Fairness: a prompt is read `prefill_step_size` tokens a step (EXO_PREFILL_CHUNK, protocol.py),
+and every step first decodes one token of each running stream (mlx-lm's `BatchGenerator._next`:
+the decode batch, then one chunk of the prompt batch). A running stream therefore pauses for one
+chunk at most while a long prompt arrives, and a request sent beside a long prompt joins its
+prompt batch at the next chunk. (Prompts of a recurrent model are read one at a time: there a new
+prompt waits for the one being read, though running streams still decode between its chunks.)
+
 A failure while handling one request fails that request only: its sampler and logits
 processors run under a guard that records the failure and lets the step go on, and the sequence
 is then removed with an error. A step that fails as a whole (no request to blame) fails the
@@ -51,6 +58,7 @@ from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefill_threads import for_this_process
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
+from exo_engine_mlx.protocol import PREFILL_CHUNK
 from exo_engine_mlx.sampling import (
     LogitsProcessor,
     Sampler,
@@ -193,7 +201,7 @@ class BatchEngine:
         prefix_cache: PrefixCache | None = None,
         default_max_tokens: int = 2048,
         context_length: int | None = None,
-        prefill_step_size: int = 2048,
+        prefill_step_size: int = PREFILL_CHUNK,
         recurrent: bool | None = None,
         batched: bool | None = None,
         vision: VisionInputs | None = None,
@@ -248,6 +256,11 @@ class BatchEngine:
 
     def task_ids(self) -> list[TaskId]:
         return list(self._by_task)
+
+    def generated(self, task_id: TaskId) -> int:
+        """Tokens a running request has generated so far (0 when it is not running)."""
+        seq = self._by_task.get(task_id)
+        return seq.generated if seq is not None else 0
 
     def fingerprint(self) -> int:
         """A digest of the batch (tasks, tokens generated, prefix reuse): ranks of a group that

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import anyio
 import msgspec
 
 from exo_core.plugin import ModelCard, ModelTask, Sharding
@@ -36,7 +35,7 @@ def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
         prefix_cache_bytes=int(env.get("EXO_PREFIX_CACHE_BYTES", defaults.prefix_cache_bytes)),
         min_prefix_tokens=int(env.get("EXO_MIN_PREFIX_TOKENS", defaults.min_prefix_tokens)),
         default_max_tokens=int(env.get("EXO_DEFAULT_MAX_TOKENS", defaults.default_max_tokens)),
-        prefill_step_size=int(env.get("EXO_PREFILL_STEP_SIZE", defaults.prefill_step_size)),
+        prefill_step_size=_prefill_chunk(env, defaults.prefill_step_size),
         warmup=env.get("EXO_RUNNER_WARMUP", "1") != "0",
         group_connect_timeout_s=float(
             env.get("EXO_GROUP_CONNECT_TIMEOUT_S", defaults.group_connect_timeout_s)
@@ -49,6 +48,12 @@ def options_from_env(env: os._Environ[str] | dict[str, str]) -> RunnerOptions:
         ),
         group_heartbeat_s=float(env.get("EXO_GROUP_HEARTBEAT_S", defaults.group_heartbeat_s)),
     )
+
+
+def _prefill_chunk(env: os._Environ[str] | dict[str, str], default: int) -> int:
+    """EXO_PREFILL_CHUNK (EXO_PREFILL_STEP_SIZE, its earlier name, still read): at least 1."""
+    value = env.get("EXO_PREFILL_CHUNK") or env.get("EXO_PREFILL_STEP_SIZE")
+    return max(1, int(value)) if value else default
 
 
 class MlxEngine(Engine):
@@ -99,10 +104,9 @@ class MlxEngine(Engine):
         if card.source.startswith(LOCAL_SCHEME):
             return Path(card.source.removeprefix(LOCAL_SCHEME))
         if card.source.startswith(EMBEDDED_SCHEME):
-            from exo_engine_mlx.embedded import ensure_embedded_model
+            from exo_engine_mlx.embedded import ensure_embedded_model_apart
 
-            # Converting the GGUF takes seconds: keep the event loop free meanwhile.
-            return await anyio.to_thread.run_sync(ensure_embedded_model, models_dir)
+            return await ensure_embedded_model_apart(models_dir)
         return None  # a hub model: the downloader fetches it
 
     def create_runner(self, spec: RunnerSpec) -> Runner:

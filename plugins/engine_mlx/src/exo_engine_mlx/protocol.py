@@ -7,6 +7,13 @@ import msgspec
 
 from exo_core.plugin.engine import RunnerSpec
 
+# Prompt tokens prefilled per step (EXO_PREFILL_CHUNK). A step prefills one chunk of the prompts
+# being read and then decodes one token of every running stream, so a running stream pauses for
+# at most one chunk while a long prompt arrives (2048, mlx-lm's step, paused it ~20 s for a 2k
+# prompt on SmolLM2 on a busy 2-core CPU); a smaller chunk costs a lone prompt little, since
+# each chunk's rows still fill the matrix multiplies.
+PREFILL_CHUNK = 256
+
 
 class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Settings of one runner process (from the environment of the node)."""
@@ -17,8 +24,9 @@ class RunnerOptions(msgspec.Struct, frozen=True, kw_only=True):
     prefix_cache_bytes: int = 512 * 1024 * 1024
     min_prefix_tokens: int = 8
     default_max_tokens: int = 2048
-    # Prompt tokens prefilled per step; a longer prompt reports its progress after each step.
-    prefill_step_size: int = 2048
+    # Prompt tokens prefilled per step (PREFILL_CHUNK); a longer prompt reports its progress
+    # after each step.
+    prefill_step_size: int = PREFILL_CHUNK
     warmup: bool = True
     # Runner groups (instances over several nodes): how long forming the ring, loading on
     # every rank, and one step may take before the runner gives up with an error, and how

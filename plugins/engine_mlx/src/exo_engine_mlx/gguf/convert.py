@@ -20,12 +20,16 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
-
-import mlx.core as mx
+from typing import TYPE_CHECKING, Any
 
 from .reader import GGUFHeader, GGUFImportError, read_header
-from .tokenizer import TokenizerFiles, build_tokenizer
+
+# MLX and `tokenizers` are imported where a conversion runs: a node reads cards' fields from
+# GGUF headers at start-up and never converts in its own process (see embedded.py).
+if TYPE_CHECKING:
+    import mlx.core as mx
+
+    from .tokenizer import TokenizerFiles
 
 CONVERTER_VERSION = 1
 MARKER_FILE = "exo_gguf_import.json"
@@ -169,6 +173,8 @@ def build_config(header: GGUFHeader, eos_ids: list[int], bos_id: int | None) -> 
 
 def convert_weights(gguf_path: Path, header: GGUFHeader) -> dict[str, mx.array]:
     """GGUF tensors renamed to mlx-lm's names; fp16 upcast to fp32 (exact)."""
+    import mlx.core as mx
+
     raw = mx.load(str(gguf_path))
     if not isinstance(raw, dict):
         raise GGUFImportError(f"{gguf_path.name}: mx.load returned no tensor dict")
@@ -217,6 +223,8 @@ def gguf_model_card_fields(gguf_path: Path) -> ModelCardFields:
 def _write_dir(
     gguf_path: Path, header: GGUFHeader, tok: TokenizerFiles, tmp: Path, model_id: str
 ) -> None:
+    import mlx.core as mx
+
     config = build_config(header, tok.eos_token_ids, tok.bos_token_id)
     weights = convert_weights(gguf_path, header)
     mx.save_safetensors(str(tmp / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -252,6 +260,8 @@ def import_gguf(gguf_path: Path, out_dir: Path, model_id: str) -> Path:
             f"{out_dir} exists and is not an earlier import (no {MARKER_FILE}): "
             "not replacing it; choose another --out or --model-id"
         )
+    from .tokenizer import build_tokenizer
+
     header = read_header(gguf_path)
     check_supported(header)
     tok = build_tokenizer(header)  # refuses unsupported tokenizers before anything is written
