@@ -10,13 +10,15 @@ import pytest
 
 from exo_api_openai import chat, responses
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
-from exo_core.api.dialect import GenerationFailed
-from exo_core.generation import (
+from exo_core.plugin import (
     Chunk,
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    GenerationFailed,
+    InvalidRequest,
     KeepAliveChunk,
+    TaskId,
     TextChunk,
     ThinkingChunk,
     TokenLogprob,
@@ -25,8 +27,6 @@ from exo_core.generation import (
     TopLogprob,
     Usage,
 )
-from exo_core.ids import TaskId
-from exo_core.service import InvalidRequest
 from exo_core.testing.scripted_engine import ECHO, THINKER
 
 T = TaskId("task-1")
