@@ -39,7 +39,9 @@ async def test_broadcast_crosses_a_line_of_nodes(tmp_path: Path) -> None:
     await c.start()
     nodes = [a, b, c]
     try:
-        await wait_until_async(lambda: len(b.peers()) == 2 and len(a.peers()) == 1 == len(c.peers()))
+        await wait_until_async(
+            lambda: len(b.peers()) == 2 and len(a.peers()) == 1 == len(c.peers())
+        )
         async with inboxes(list(nodes)) as (_, box_b, box_c):
             for node in nodes:
                 await node.subscribe("line")
