@@ -51,6 +51,7 @@ from exo_core.testing.peer_fuzz import HostilePeer, forged_builtin, forged_card,
 from exo_core.testing.processes import exo_processes, wait_until
 from exo_core.testing.scripted_engine import ECHO
 from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
+from exo_core.testing.waiting import wait_until_async
 from exo_core.transport.memory import Faults, MemoryNetwork, MemoryTransport
 from exo_core.wire import (
     ELECTION_TOPIC,
@@ -67,7 +68,6 @@ from exo_core.wire import (
     encode,
 )
 from exo_transport_libp2p.testing import make_node
-from exo_transport_libp2p.testing import wait_until as wait_async
 from exo_transport_libp2p.transport import Libp2pTransport
 
 HONEST = 3
@@ -564,7 +564,7 @@ def test_a_keyed_libp2p_peer_cannot_take_over_cards_placement_or_folders(tmp_pat
                              cluster_key=KEY)  # fmt: skip
             await peer.start()
             try:
-                await wait_async(lambda: victim in peer.peers(), timeout=60)
+                await wait_until_async(lambda: victim in peer.peers(), timeout=60)
                 me = NodeId(peer.node_id)
                 forged = msgspec.structs.replace(
                     original, source=f"local:{evil}", trust_remote_code=True

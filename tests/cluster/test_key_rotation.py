@@ -16,8 +16,8 @@ import pytest
 
 from exo_core.cluster_key import KEY_FILE
 from exo_core.testing.processes import exo_processes, wait_until
+from exo_core.testing.waiting import wait_until_async
 from exo_transport_libp2p.testing import make_node
-from exo_transport_libp2p.testing import wait_until as wait_async
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ async def connects(
     peer = make_node(root, [address], "test-cluster", cluster_key=key)
     await peer.start()
     try:
-        await wait_async(lambda: node_id in peer.peers(), timeout=wait_s)
+        await wait_until_async(lambda: node_id in peer.peers(), timeout=wait_s)
         return True, peer.node_id
     except TimeoutError:
         return False, peer.node_id

@@ -33,7 +33,7 @@ from exo_core.node import Node
 from exo_core.plugin import NodeContext, RunnerStatus, download, hookimpl, placement
 from exo_core.plugin.engine import Runner, RunnerSpec, StatusReporter
 from exo_core.plugin_host import PluginHost, load_plugins
-from exo_core.testing import ScriptedEngine, ScriptedEnginePlugin, running_node, wait_until
+from exo_core.testing import ScriptedEngine, ScriptedEnginePlugin, running_node, wait_until_async
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC = "exo_core.plugin"
@@ -310,7 +310,7 @@ def test_a_raising_observer_or_job_never_stops_the_others_or_the_node(
 ) -> None:
     counter = _Counter()
     with running_node(tmp_path, plugins=[_Observers(), counter]) as running:
-        running.call(wait_until, lambda: counter.jobs == 1 and counter.seen >= 2)
+        running.call(wait_until_async, lambda: counter.jobs == 1 and counter.seen >= 2)
         assert httpx.get(f"{running.url}/healthz").json()["status"] == "ok"
     raised = [line for line in log if "observer broke on purpose" in line]
     assert raised and all(

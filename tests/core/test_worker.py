@@ -3,7 +3,6 @@ that fail cleanly, and cancellation reaching the runner."""
 
 from __future__ import annotations
 
-import time
 from contextlib import aclosing
 from pathlib import Path
 
@@ -25,17 +24,11 @@ from exo_core.generation import (
 from exo_core.state import RunnerStatus
 from exo_core.testing.harness import RunningNode, running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin, ScriptedRunner
+from exo_core.testing.waiting import wait_until
 
 
 def test_backoff_doubles_from_two_seconds_up_to_thirty() -> None:
     assert [worker.backoff_delay(n) for n in range(1, 7)] == [2, 4, 8, 16, 30, 30]
-
-
-def wait_for(predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_three_failures_delete_the_instance_and_reset_the_count(
@@ -46,7 +39,7 @@ def test_three_failures_delete_the_instance_and_reset_the_count(
     with running_node(tmp_path, [plugin]) as node:
         created = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
         instance_id = created["instance_id"]
-        wait_for(lambda: instance_id not in node.node.state.instances)
+        wait_until(lambda: instance_id not in node.node.state.instances)
 
         def failures() -> list[int]:
             return [
@@ -58,7 +51,7 @@ def test_three_failures_delete_the_instance_and_reset_the_count(
 
         # The last failure is reported through the worker's outbox, the delete directly: the
         # report may land just after the deletion.
-        wait_for(lambda: len(failures()) >= 3)
+        wait_until(lambda: len(failures()) >= 3)
         assert failures() == [1, 2, 3]
         events = [e.event for e in node.node.replica.log]
         deleted = [e for e in events if isinstance(e, InstanceDeleted)]
@@ -68,7 +61,7 @@ def test_three_failures_delete_the_instance_and_reset_the_count(
         assert len(plugin.engine.runners) == 3
         # A fresh placement starts from zero failures again.
         again = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
-        wait_for(lambda: again["instance_id"] not in node.node.state.instances)
+        wait_until(lambda: again["instance_id"] not in node.node.state.instances)
         assert len(plugin.engine.runners) == 6
 
 
@@ -96,7 +89,7 @@ def test_failures_separated_by_a_ready_runner_never_delete_the_instance(
     )
     with running_node(tmp_path, [plugin]) as node:
         created = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}).json()
-        wait_for(lambda: len(engine.runners) > worker.MAX_FAILURES + 1)
+        wait_until(lambda: len(engine.runners) > worker.MAX_FAILURES + 1)
         assert created["instance_id"] in node.node.state.instances
         failures = [
             e.event.runner.failures
@@ -124,9 +117,9 @@ def test_leaving_a_stream_early_cancels_the_task_in_the_runner(tmp_path: Path) -
     with running_node(tmp_path, [plugin]) as node:
         got = node.call(_generate, node, "one two three four five six seven eight", 2)
         assert len(got) == 2
-        wait_for(lambda: not node.node.state.tasks)
+        wait_until(lambda: not node.node.state.tasks)
         runner = plugin.engine.runners[0]
-        wait_for(lambda: got[0].task_id in runner._cancelled)
+        wait_until(lambda: got[0].task_id in runner._cancelled)
 
 
 def test_a_full_generation_through_the_cluster_path(tmp_path: Path) -> None:
@@ -135,4 +128,4 @@ def test_a_full_generation_through_the_cluster_path(tmp_path: Path) -> None:
         assert "".join(c.text for c in got if isinstance(c, TextChunk)) == "echo: hello there"
         last = got[-1]
         assert isinstance(last, FinishChunk) and last.finish_reason == FinishReason.STOP
-        wait_for(lambda: not node.node.state.tasks)  # the task left state when it ended
+        wait_until(lambda: not node.node.state.tasks)  # the task left state when it ended

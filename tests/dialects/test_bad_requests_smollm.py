@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from exo_core.testing.harness import RunningNode, running_node
+from exo_core.testing.waiting import wait_until
 from exo_engine_mlx.runner import MlxRunner
 
-from .support import DIALECTS, wait_for
+from .support import DIALECTS
 from .test_smollm import _mlx_plugin, _pick
 
 pytestmark = [pytest.mark.smollm, pytest.mark.slow]
@@ -101,4 +102,4 @@ def test_bad_values_are_400s_while_a_stream_on_the_runner_finishes(node: Running
     assert finish and ('"length"' in finish[-1] or '"stop"' in finish[-1]), events[-3:]
     assert not any('"error"' in line for line in lines)
     assert runner_pids(node) == [pid]
-    assert wait_for(lambda: not node.node.state.tasks, timeout=10)
+    wait_until(lambda: not node.node.state.tasks, timeout=10, interval=0.02)

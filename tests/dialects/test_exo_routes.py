@@ -22,7 +22,7 @@ import pytest
 
 import exo_download_hf.plugin as download_plugin
 from exo_api_openai import images
-from exo_api_openai.bench_images import StepClock
+from exo_api_openai.bench import StepClock
 from exo_core.generation import FinishChunk, FinishReason, ImageChunk, ProgressChunk, Usage
 from exo_core.ids import TaskId
 from exo_core.plugin import InvalidRequest

@@ -12,7 +12,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from exo_api_openai.chat import ChatStream
+from exo_api_openai.translate import ChatStream
 from exo_core.events import DownloadProgressed, IndexedEvent, RunnerStatusChanged
 from exo_core.generation import KeepAliveChunk
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId
@@ -20,8 +20,9 @@ from exo_core.metrics import LogCounters
 from exo_core.state import DownloadProgress, DownloadStatus, RunnerInfo, RunnerStatus, State
 from exo_core.testing.harness import running_node
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+from exo_core.testing.waiting import wait_until
 
-from .support import Cluster, wait_for
+from .support import Cluster
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -48,7 +49,7 @@ def test_runner_failures_and_restarts_are_counted(tmp_path: Path) -> None:
         placed = httpx.post(f"{node.url}/instance", json={"model_id": "scripted-echo"}, timeout=10)
         assert placed.status_code == 201, placed.text
         restarted = lambda: total(scrape(node.url), "exo_runner_restarts_total") >= 1  # noqa: E731
-        assert wait_for(restarted, timeout=60)
+        wait_until(restarted, timeout=60, interval=0.02)
         after = scrape(node.url)
     assert total(after, "exo_runner_failures_total", model="scripted-echo") >= 1
     assert total(after, "exo_runner_restarts_total", model="scripted-echo") >= 1
@@ -141,7 +142,7 @@ def test_cancel_from_another_connection_ends_the_stream(slow_cluster: Cluster) -
     # Tokens come every 0.2 s: the stream ends within a step or two of the cancel.
     assert ended.wait(timeout=2), "the stream kept going after the cancel"
     assert len(received) - cancelled_at <= 2
-    assert wait_for(lambda: slow_cluster.tasks() == 0)
+    wait_until(lambda: slow_cluster.tasks() == 0, interval=0.02)
     again = httpx.post(f"{slow_cluster.url}/v1/cancel/{first.id}", timeout=10)
     assert again.status_code == 404
     assert httpx.post(f"{slow_cluster.url}/v1/cancel/nope", timeout=10).status_code == 404

@@ -12,7 +12,7 @@ from exo_api_claude import translate as claude
 from exo_api_claude.types import MessagesRequest
 from exo_api_ollama import translate as ollama
 from exo_api_ollama.types import ChatRequest
-from exo_api_openai import chat, responses
+from exo_api_openai import responses, translate
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
 from exo_core.generation import GenerationParams, SamplingParams
 from exo_core.sampling_defaults import SamplingDefaults, SamplingValues
@@ -31,7 +31,7 @@ CARD = msgspec.structs.replace(THINKER, sampling_defaults=DEFAULTS)
 
 def _openai(**body: Any) -> GenerationParams:
     req = msgspec.convert({"model": "m", "messages": USER, **body}, ChatCompletionRequest)
-    return chat.to_params(req, CARD)
+    return translate.to_params(req, CARD)
 
 
 def _responses(**body: Any) -> GenerationParams:
@@ -64,7 +64,7 @@ def test_a_request_that_omits_the_fields_gets_the_cards_defaults(translate: Any)
 
 def test_a_card_without_defaults_leaves_the_built_in_ones() -> None:
     req = msgspec.convert({"model": "m", "messages": USER}, ChatCompletionRequest)
-    assert chat.to_params(req, THINKER).sampling == SamplingParams()
+    assert translate.to_params(req, THINKER).sampling == SamplingParams()
 
 
 @pytest.mark.parametrize(
@@ -119,7 +119,7 @@ def test_top_level_enable_thinking_is_honoured() -> None:
     req = msgspec.convert(
         {"model": "m", "messages": USER, "enable_thinking": True}, ChatCompletionRequest
     )
-    assert chat.to_params(req, ECHO).enable_thinking is None
+    assert translate.to_params(req, ECHO).enable_thinking is None
 
 
 def test_a_non_boolean_enable_thinking_is_refused() -> None:

@@ -10,7 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from .support import Cluster, wait_for
+from exo_core.testing.waiting import wait_until
+
+from .support import Cluster
 
 LONG = " ".join(f"w{i}" for i in range(40))  # about 8 s of output at 0.2 s a token
 USER = [{"role": "user", "content": LONG}]
@@ -34,8 +36,10 @@ STREAMS: dict[str, tuple[str, dict[str, Any]]] = {
 
 
 def _assert_cancelled(cluster: Cluster, before: int) -> None:
-    assert wait_for(lambda: cluster.cancellations() > before, timeout=5), "runner saw no cancel"
-    assert wait_for(lambda: cluster.tasks() == 0, timeout=5), "the task stayed in the state"
+    wait_until(
+        lambda: cluster.cancellations() > before, timeout=5, interval=0.02
+    )  # the runner saw it
+    wait_until(lambda: cluster.tasks() == 0, timeout=5, interval=0.02)  # the task left the state
 
 
 @pytest.mark.parametrize("dialect", list(STREAMS))

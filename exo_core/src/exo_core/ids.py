@@ -16,6 +16,7 @@ TaskId = NewType("TaskId", str)
 CommandId = NewType("CommandId", str)
 
 
-def new_id(prefix: str) -> str:
-    """A short random id with a readable prefix, e.g. `inst-3f9c1a2b7d4e`."""
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+def new_id(prefix: str, *, sep: str = "-", size: int = 12) -> str:
+    """A random id with a readable prefix, e.g. `inst-3f9c1a2b7d4e`; `sep` and `size` (hex digits,
+    at most 32) give the shapes other APIs use, e.g. Anthropic's `msg_` and 24 digits."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:size]}"

@@ -15,8 +15,8 @@ from litestar import Request, post
 from litestar.datastructures import UploadFile
 from litestar.response import Stream
 
-from exo_api_openai.errors import api_error
 from exo_api_openai.routes import chat_completions, create_response, get_model, list_models
+from exo_api_openai.translate import api_error
 from exo_core.plugin import Capability, ModelCard, ModelId, ModelTask, State, hookimpl
 from exo_core.plugin.dialect import ACCEPTS_OPT, dialect_router
 from exo_core.plugin.placement import PlacementOption, PlacementRequest, place

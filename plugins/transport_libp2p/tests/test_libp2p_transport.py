@@ -22,8 +22,9 @@ from exo_core.plugin.transport import (
 )
 from exo_core.testing.harness import free_port
 from exo_core.testing.transport_conformance import inboxes
+from exo_core.testing.waiting import wait_until_async
 from exo_transport_libp2p import plugin
-from exo_transport_libp2p.testing import libp2p_cluster, make_node, wait_until
+from exo_transport_libp2p.testing import libp2p_cluster, make_node
 from exo_transport_libp2p.transport import KEY_FILE, Libp2pTransport
 
 
@@ -38,7 +39,9 @@ async def test_broadcast_crosses_a_line_of_nodes(tmp_path: Path) -> None:
     await c.start()
     nodes = [a, b, c]
     try:
-        await wait_until(lambda: len(b.peers()) == 2 and len(a.peers()) == 1 == len(c.peers()))
+        await wait_until_async(
+            lambda: len(b.peers()) == 2 and len(a.peers()) == 1 == len(c.peers())
+        )
         async with inboxes(list(nodes)) as (_, box_b, box_c):
             for node in nodes:
                 await node.subscribe("line")
@@ -98,7 +101,7 @@ async def test_only_nodes_with_the_same_cluster_key_connect(tmp_path: Path) -> N
     for node in (stranger, open_node, friend):
         await node.start()
     try:
-        await wait_until(lambda: a.peers() == {friend.node_id}, timeout=10)
+        await wait_until_async(lambda: a.peers() == {friend.node_id}, timeout=10)
         await asyncio.sleep(2.5)  # both outsiders have dialed again by now
         assert a.peers() == {friend.node_id}
         assert stranger.peers() == frozenset() and open_node.peers() == frozenset()
@@ -123,7 +126,7 @@ async def test_cloned_identity_is_replaced_by_the_younger_node(tmp_path: Path) -
         assert not a.identity_regenerated and a.node_id in a.listen_addrs()[0]
         assert Libp2pTransport(tmp_path / "b", "test").node_id == b.node_id, "persisted"
         await b.start()
-        await wait_until(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
+        await wait_until_async(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
     finally:
         await b.stop()
         await a.stop()
@@ -163,14 +166,14 @@ async def test_slow_reader_gets_a_lagged_event(tmp_path: Path) -> None:
     writer = make_node(tmp_path / "writer", reader.listen_addrs())
     await writer.start()
     try:
-        await wait_until(lambda: writer.node_id in reader.peers())
+        await wait_until_async(lambda: writer.node_id in reader.peers())
         await reader.subscribe("flood")
         await writer.subscribe("flood")
         await asyncio.sleep(1.5)  # subscriptions are exchanged
         for i in range(50):
             await writer.publish("flood", i.to_bytes(4, "big"))
         # Nobody reads yet: 8 are held, the other 42 are dropped and counted.
-        await wait_until(lambda: reader.dropped_total() == 42)
+        await wait_until_async(lambda: reader.dropped_total() == 42)
         got: list[TransportEvent] = []
         async with asyncio.timeout(5):
             async for event in reader.events():
@@ -255,12 +258,12 @@ async def test_fixed_port_restart_and_redial(tmp_path: Path) -> None:
     try:
         with pytest.raises(TransportError, match="in use"):
             await twin.start()
-        await wait_until(lambda: b.peers() == {a.node_id})
+        await wait_until_async(lambda: b.peers() == {a.node_id})
         await a.stop()
-        await wait_until(lambda: b.peers() == frozenset())
+        await wait_until_async(lambda: b.peers() == frozenset())
         a = Libp2pTransport(tmp_path / "a", "test", listen_host="127.0.0.1", port=port, mdns=False)
         await a.start()
-        await wait_until(lambda: b.peers() == {a.node_id} and a.peers() == {b.node_id})
+        await wait_until_async(lambda: b.peers() == {a.node_id} and a.peers() == {b.node_id})
     finally:
         await twin.stop()
         await b.stop()
@@ -288,7 +291,7 @@ async def test_mutual_bootstrap_announces_each_peer_once(tmp_path: Path) -> None
     await b.start()
     try:
         async with inboxes([a, b]) as (box_a, box_b):
-            await wait_until(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
+            await wait_until_async(lambda: a.peers() == {b.node_id} and b.peers() == {a.node_id})
             await asyncio.sleep(2.5)  # both redial ticks have run
             assert box_a.connected == [b.node_id] and box_b.connected == [a.node_id]
             await b.stop()

@@ -24,7 +24,6 @@ from exo_core.testing.harness import (
     free_port,
     running_cluster,
     running_node,
-    wait_until,
 )
 from exo_core.testing.linkemu import LinkSpec
 from exo_core.testing.network import (
@@ -35,6 +34,7 @@ from exo_core.testing.network import (
 )
 from exo_core.testing.processes import ExoProcess, exo_processes
 from exo_core.testing.scripted_engine import ECHO, THINKER, ScriptedEngine, ScriptedEnginePlugin
+from exo_core.testing.waiting import wait_until, wait_until_async
 
 __all__ = [
     "ECHO",
@@ -56,4 +56,5 @@ __all__ = [
     "running_cluster",
     "running_node",
     "wait_until",
+    "wait_until_async",
 ]

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
@@ -253,12 +252,6 @@ def events_text(url: str) -> str:
     return "\n".join(lines)
 
 
-async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.02)
-
-
 __all__ = [
     "RunningCluster",
     "RunningNode",
@@ -267,5 +260,4 @@ __all__ = [
     "free_port",
     "running_cluster",
     "running_node",
-    "wait_until",
 ]

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 
 from exo_core.testing.harness import free_port
+from exo_core.testing.waiting import wait_until
 
 
 @dataclass
@@ -85,19 +85,6 @@ class ExoProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
-
-
-def wait_until(predicate: Any, timeout: float = 60.0, interval: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(interval)
 
 
 def wait_joined(

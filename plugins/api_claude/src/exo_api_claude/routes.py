@@ -24,7 +24,7 @@ async def create_message(request: AnyRequest, generation: InjectedGeneration) ->
     req = decode_body(await request.body(), MessagesRequest)
     params = translate.to_params(req, generation.resolve(req.model))
     # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
-    message_id = translate.new_id("msg_")
+    message_id = translate.new_message_id()
     chunks = await generation.generate(
         req.model, params, translate.FIELD_NAMES, request_id=message_id
     )

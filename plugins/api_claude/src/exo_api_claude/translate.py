@@ -6,7 +6,6 @@ Pure functions and a small state machine; the HTTP layer lives in routes.py.
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import msgspec
@@ -46,6 +45,7 @@ from exo_core.plugin import (
     ToolCallDeltaChunk,
     ToolSpec,
     Usage,
+    new_id,
 )
 from exo_core.plugin.dialect import (
     GenerationFailed,
@@ -271,8 +271,9 @@ def error_body(status: int, message: str, exc: Exception | None = None) -> dict[
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:24]}"
+def new_message_id() -> str:
+    """An id of Anthropic's shape: `msg_` and 24 hex digits."""
+    return new_id("msg", sep="_", size=24)
 
 
 def tool_input(arguments: str) -> dict[str, Any]:
@@ -343,7 +344,7 @@ def message(model: str, chunks: list[Chunk], message_id: str | None = None) -> d
     finish = answered(finish)
     reason, sequence = stop_reason(finish)
     return {
-        "id": message_id or new_id("msg_"),
+        "id": message_id or new_message_id(),
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -358,7 +359,7 @@ class MessageStream:
     """Renders chunks as Anthropic's streaming events (`event:` and `data:` lines)."""
 
     def __init__(self, model: str, message_id: str | None = None) -> None:
-        self.id = message_id or new_id("msg_")
+        self.id = message_id or new_message_id()
         self.model = model
         self._index = -1
         self._open: str | None = None  # the type of the content block being streamed

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from exo_api_openai import common
+from exo_api_openai import translate
 from exo_api_openai.types import (
     ContentIn,
     FunctionCallItem,
@@ -42,6 +42,7 @@ from exo_core.plugin import (
     ToolCallDeltaChunk,
     ToolSpec,
     Usage,
+    new_id,
 )
 from exo_core.plugin.dialect import (
     UNFINISHED,
@@ -69,7 +70,7 @@ def _content(content: str | list[ContentIn], where: str) -> str | tuple[ContentP
                     raise InvalidRequest(
                         f"{where}.content[{j}]: only image_url images are supported"
                     )
-                parts.append(common.image(part.image_url))
+                parts.append(translate.image(part.image_url))
             case _:
                 parts.append(ContentPart(type="text", text=part.refusal))
     if all(p.type == "text" for p in parts):
@@ -99,7 +100,7 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
         where = f"input[{i}]"
         kind = item.get("type", "message")
         if kind == "message":
-            m = common.convert(item, MessageItem, where)
+            m = translate.convert(item, MessageItem, where)
             content = _content(m.content, where)
             if m.role == "user":
                 messages.append(ChatMessage(role="user", content=content))
@@ -110,7 +111,7 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
             else:
                 messages.append(ChatMessage(role="system", content=_plain(content, where)))
         elif kind == "function_call":
-            c = common.convert(item, FunctionCallItem, where)
+            c = translate.convert(item, FunctionCallItem, where)
             call = ToolCall(id=c.call_id, name=c.name, arguments=c.arguments)
             last = messages[-1] if messages else None
             if last is not None and last.role == "assistant" and not reasoning:
@@ -121,13 +122,13 @@ def input_messages(req: ResponsesRequest) -> list[ChatMessage]:
                 )
                 reasoning = ""
         elif kind == "function_call_output":
-            o = common.convert(item, FunctionCallOutputItem, where)
+            o = translate.convert(item, FunctionCallOutputItem, where)
             output = (
                 o.output if isinstance(o.output, str) else _plain(_content(o.output, where), where)
             )
             messages.append(ChatMessage(role="tool", content=output, tool_call_id=o.call_id))
         elif kind == "reasoning":
-            r = common.convert(item, ReasoningItem, where)
+            r = translate.convert(item, ReasoningItem, where)
             reasoning += "".join(t.text for t in (r.content or r.summary))
         else:
             raise InvalidRequest(f"{where}: input items of type '{kind}' are not supported")
@@ -159,21 +160,21 @@ def to_params(req: ResponsesRequest, card: ModelCard) -> GenerationParams:
     messages = input_messages(req)
     if not any(m.role != "system" for m in messages):
         raise InvalidRequest("input must not be empty")
-    tools = common.tool_specs(req.tools)
+    tools = translate.tool_specs(req.tools)
     effort = req.reasoning.effort if req.reasoning is not None else None
-    thinking = common.thinking(card, effort, None, req.enable_thinking)
+    thinking = translate.thinking(card, effort, None, req.enable_thinking)
     requested = SamplingValues(temperature=req.temperature, top_p=req.top_p, top_k=req.top_k)
     return GenerationParams(
         messages=tuple(messages),
         tools=tools,
-        tool_choice=common.tool_choice(req.tool_choice, tools),
+        tool_choice=translate.tool_choice(req.tool_choice, tools),
         max_tokens=req.max_output_tokens,
-        stop=common.stop_list(req.stop),
+        stop=translate.stop_list(req.stop),
         sampling=resolve_sampling(requested, card.sampling_defaults, thinking, seed=req.seed),
         logprobs=LOGPROBS_INCLUDE in (req.include or []) or bool(req.top_logprobs),
         top_logprobs=req.top_logprobs or 0,
         enable_thinking=thinking,
-        reasoning_effort=common.effort(effort),
+        reasoning_effort=translate.effort(effort),
     )
 
 
@@ -240,7 +241,7 @@ class ResponseBuilder:
 
     def __init__(self, model: str, settings: dict[str, Any], *, logprobs: bool = False) -> None:
         self.response: dict[str, Any] = {
-            "id": common.new_id("resp_"),
+            "id": new_id("resp", sep="_", size=24),
             "object": "response",
             "created_at": int(time.time()),
             "status": "in_progress",
@@ -306,7 +307,7 @@ class ResponseBuilder:
             return []
         frames = self._close()
         item = _OpenItem(
-            kind=kind, id=common.new_id("msg_" if kind == "message" else "rs_"), index=0
+            kind=kind, id=new_id("msg" if kind == "message" else "rs", sep="_", size=24), index=0
         )
         index, added = self._add(self._item(item, "in_progress"))
         item.index = index
@@ -366,7 +367,7 @@ class ResponseBuilder:
         frames = self._close()
         item: dict[str, Any] = {
             "type": "function_call",
-            "id": common.new_id("fc_"),
+            "id": new_id("fc", sep="_", size=24),
             "call_id": call_id,
             "name": name,
             "arguments": "",
@@ -420,7 +421,7 @@ class ResponseBuilder:
             case TextChunk(text=text, logprobs=lps):
                 if not text and not lps:
                     return []
-                return self._text("message", text, [common.token_logprob(lp) for lp in lps])
+                return self._text("message", text, [translate.token_logprob(lp) for lp in lps])
             case ThinkingChunk(text=text):
                 return self._text("reasoning", text, []) if text else []
             case ToolCallDeltaChunk(id=call_id, name=name, arguments=delta):

@@ -11,18 +11,19 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 from litestar.response import File
 
-from exo_api_openai import chat, common, images, responses
-from exo_api_openai.errors import api_error
-from exo_api_openai.image_store import MEDIA_TYPES
-from exo_api_openai.models import model_list, model_object
+from exo_api_openai import images, responses, translate
+from exo_api_openai.images import MEDIA_TYPES
+from exo_api_openai.translate import api_error
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
 from exo_core.plugin import (
     GenerationService,
     InjectedGeneration,
     InjectedNode,
     InvalidRequest,
+    ModelCard,
     ModelNotFound,
     NodeContext,
+    new_id,
 )
 from exo_core.plugin.dialect import (
     ACCEPTS_OPT,
@@ -36,21 +37,52 @@ from exo_core.plugin.dialect import (
 )
 
 
+def model_object(card: ModelCard, created: int) -> dict[str, Any]:
+    """OpenAI's model object, plus the fields exo's model list adds (Open WebUI reads some):
+    size, family, capabilities, reasoning dialect... `tasks` are this project's names
+    (text_generation, image_generation, image_edit), so clients can tell image models from
+    text models."""
+    return {
+        "id": card.model_id,
+        "object": "model",
+        "created": created,
+        "owned_by": "exo",
+        "hugging_face_id": card.model_id,
+        "name": card.model_id.split("/")[-1],
+        "description": "",
+        "context_length": card.context_length or 0,
+        "tags": [],
+        "storage_size_megabytes": round(card.storage_size_bytes / 2**20),
+        "supports_tensor": card.supports_tensor,
+        "tasks": [t.value for t in card.tasks],
+        "is_custom": card.custom,
+        "family": card.family,
+        "quantization": card.quantization,
+        "base_model": card.base_model,
+        "capabilities": [c.value for c in card.capabilities],
+        "reasoning_dialect": card.reasoning_dialect,
+    }
+
+
+def model_list(cards: list[ModelCard], created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_object(c, created) for c in cards]}
+
+
 @post("/chat/completions", status_code=200, dependencies=documented_body(ChatCompletionRequest))
 async def chat_completions(request: AnyRequest, generation: InjectedGeneration) -> Response[Any]:
     req = decode_body(await request.body(), ChatCompletionRequest)
-    params = chat.to_params(req, generation.resolve(req.model))
+    params = translate.to_params(req, generation.resolve(req.model))
     # The id the answer carries: `POST /v1/cancel/{id}` cancels the generation by it.
-    completion_id = common.new_id("chatcmpl-")
+    completion_id = new_id("chatcmpl", size=24)
     chunks = await generation.generate(
-        req.model, params, chat.field_names(req), request_id=completion_id
+        req.model, params, translate.field_names(req), request_id=completion_id
     )
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
-        stream = chat.ChatStream(req.model, include_usage=usage, completion_id=completion_id)
+        stream = translate.ChatStream(req.model, include_usage=usage, completion_id=completion_id)
         return sse(stream, chunks)
     return await answer(
-        request, chunks, lambda collected: chat.completion(req.model, collected, completion_id)
+        request, chunks, lambda collected: translate.completion(req.model, collected, completion_id)
     )
 
 
@@ -104,7 +136,7 @@ async def _images(
     model = images.require_model(req)
     # OpenAI's image answers carry no id: this one is in the `x-request-id` header (and in
     # streamed progress events); `POST /v1/cancel/{id}` cancels the generation by it.
-    request_id = common.new_id("img-")
+    request_id = new_id("img", size=24)
     headers = {"x-request-id": request_id}
     chunks = await generation.generate_images(
         model, images.to_image_request(req, upload), request_id=request_id

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from exo_core.plugin.transport import Transport
+from exo_core.testing.waiting import wait_until_async
 from exo_transport_libp2p.transport import Libp2pTransport
 
 
@@ -31,12 +31,6 @@ def make_node(
     )
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
-
-
 @contextlib.asynccontextmanager
 async def libp2p_cluster(root: Path, n: int) -> AsyncIterator[list[Transport]]:
     """`n` started nodes under `root`, each bootstrapping to all earlier ones (a full mesh);
@@ -49,7 +43,7 @@ async def libp2p_cluster(root: Path, n: int) -> AsyncIterator[list[Transport]]:
             await node.start()
             nodes.append(node)
         ids = {node.node_id for node in nodes}
-        await wait_until(lambda: all(node.peers() == ids - {node.node_id} for node in nodes))
+        await wait_until_async(lambda: all(node.peers() == ids - {node.node_id} for node in nodes))
         yield list(nodes)
     finally:
         for node in nodes:

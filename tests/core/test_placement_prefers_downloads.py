@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from exo_core.ids import ModelId, NodeId
+from exo_core.model_cards import ModelCard
 from exo_core.placement import place
 from exo_core.placement_types import PlacementRequest
 from exo_core.state import (
@@ -13,9 +14,15 @@ from exo_core.state import (
     State,
 )
 
-from .support import card
-
 MODEL = ModelId("org/tiny")
+CARD = ModelCard(
+    model_id=MODEL,
+    family="llama",
+    n_layers=4,
+    hidden_size=64,
+    storage_size_bytes=1_500_000,
+    source="hf:org/tiny",
+)
 A, B = NodeId("node-a"), NodeId("node-b")
 
 
@@ -32,7 +39,7 @@ def progress(node: NodeId, status: DownloadStatus, done: int = 0) -> DownloadPro
 
 
 def choices(s: State) -> list[tuple[NodeId, ...]]:
-    options = place(card(), PlacementRequest(model_id=MODEL, sharding="pipeline"), s)
+    options = place(CARD, PlacementRequest(model_id=MODEL, sharding="pipeline"), s)
     return [o.node_ids for o in options]
 
 

@@ -10,20 +10,20 @@ import pytest
 
 from exo_api_claude import translate
 from exo_api_claude.types import MessagesRequest
-from exo_core.api.dialect import GenerationFailed
-from exo_core.generation import (
+from exo_core.plugin import (
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    InvalidRequest,
     KeepAliveChunk,
+    TaskId,
     TextChunk,
     ThinkingChunk,
     ToolCall,
     ToolCallChunk,
     Usage,
 )
-from exo_core.ids import TaskId
-from exo_core.service import InvalidRequest
+from exo_core.plugin.dialect import GenerationFailed
 from exo_core.testing.scripted_engine import ECHO, THINKER
 
 T = TaskId("task-1")

@@ -7,13 +7,11 @@ from pathlib import Path
 import httpx
 
 import exo_download_hf.plugin as download_plugin
-from exo_core.commands import AddModelCard
-from exo_core.ids import ModelId, NodeId
-from exo_core.state import DownloadStatus, RunnerStatus
+from exo_core.plugin import ModelId, NodeId, RunnerStatus
+from exo_core.plugin.download import AddModelCard, DownloadStatus
 from exo_core.testing.harness import RunningNode, running_node
-from exo_download_hf.testing import HubStandIn
-
-from .support import TINY, HubEnginePlugin, card, wait
+from exo_core.testing.waiting import wait_until
+from exo_download_hf.testing import TINY, HubEnginePlugin, HubStandIn, card
 
 
 def runner_statuses(node: RunningNode) -> list[RunnerStatus]:
@@ -25,7 +23,7 @@ def test_placing_an_instance_downloads_the_model(hub: HubStandIn, tmp_path: Path
         assert httpx.post(f"{node.url}/models/add", json={"model_id": TINY}).status_code == 201
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
-        wait(lambda: RunnerStatus.READY in runner_statuses(node))
+        wait_until(lambda: RunnerStatus.READY in runner_statuses(node))
 
         progress = node.node.state.downloads[NodeId(node.node_id)][ModelId(TINY)]
         assert progress.status == DownloadStatus.COMPLETED
@@ -45,7 +43,7 @@ def test_offline_node_fails_the_runner_not_the_node(hub: HubStandIn, tmp_path: P
         node.call(node.node.send_command, AddModelCard(card=card(custom=True)))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
-        wait(lambda: RunnerStatus.FAILED in runner_statuses(node))
+        wait_until(lambda: RunnerStatus.FAILED in runner_statuses(node))
         failed = next(r for r in node.node.state.runners.values())
         assert failed.error is not None
         assert "offline" in failed.error and "not on disk" in failed.error
@@ -62,7 +60,7 @@ def test_no_downloads_fails_the_runner_and_fetches_nothing(hub: HubStandIn, tmp_
         node.call(node.node.send_command, AddModelCard(card=card(custom=True)))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
-        wait(lambda: RunnerStatus.FAILED in runner_statuses(node))
+        wait_until(lambda: RunnerStatus.FAILED in runner_statuses(node))
         failed = next(r for r in node.node.state.runners.values())
         assert failed.error is not None and "--no-downloads" in failed.error
         assert httpx.get(f"{node.url}/healthz").json()["status"] == "ok"
@@ -74,11 +72,11 @@ def test_no_downloads_still_runs_a_model_on_disk(hub: HubStandIn, tmp_path: Path
     with running_node(tmp_path / "node", plugins) as node:
         node.call(node.node.send_command, AddModelCard(card=card(custom=True)))
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
-        wait(lambda: RunnerStatus.READY in runner_statuses(node))
+        wait_until(lambda: RunnerStatus.READY in runner_statuses(node))
         httpx.delete(f"{node.url}/instance/{placed.json()['instance_id']}")
     fetched = len(hub.served())
     with running_node(tmp_path / "node", plugins, downloads=False) as node:
         placed = httpx.post(f"{node.url}/instance", json={"model_id": TINY})
         assert placed.status_code == 201, placed.text
-        wait(lambda: RunnerStatus.READY in runner_statuses(node))
+        wait_until(lambda: RunnerStatus.READY in runner_statuses(node))
     assert len(hub.served()) == fetched

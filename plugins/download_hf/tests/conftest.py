@@ -10,21 +10,12 @@ import pytest
 
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
-from exo_download_hf.testing import HubStandIn
-
-from .support import TINY, Reports, card, tiny_files
+from exo_download_hf.testing import HubStandIn, Reports, card, tiny_hub
 
 
 @pytest.fixture
 def hub(monkeypatch: pytest.MonkeyPatch) -> Iterator[HubStandIn]:
-    with HubStandIn() as stand_in:
-        stand_in.add_repo(TINY, tiny_files(), downloads=10)
-        monkeypatch.setenv("HF_ENDPOINT", stand_in.url)
-        monkeypatch.delenv("HF_TOKEN", raising=False)
-        monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-        monkeypatch.delenv("EXO_MODELS_DIRS", raising=False)
-        monkeypatch.delenv("EXO_MODELS_READ_ONLY_DIRS", raising=False)
+    with tiny_hub(monkeypatch) as stand_in:
         yield stand_in
 
 

@@ -10,12 +10,13 @@ import pytest
 
 from exo_api_ollama import translate
 from exo_api_ollama.types import ChatRequest, GenerateRequest
-from exo_core.api.dialect import GenerationFailed
-from exo_core.generation import (
+from exo_core.plugin import (
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    InvalidRequest,
     KeepAliveChunk,
+    TaskId,
     TextChunk,
     ThinkingChunk,
     TokenLogprob,
@@ -23,8 +24,7 @@ from exo_core.generation import (
     ToolCallChunk,
     Usage,
 )
-from exo_core.ids import TaskId
-from exo_core.service import InvalidRequest
+from exo_core.plugin.dialect import GenerationFailed
 from exo_core.testing.scripted_engine import ECHO, THINKER
 
 T = TaskId("task-1")

@@ -8,9 +8,7 @@ import httpx
 import pytest
 
 from exo_core.testing.processes import exo_processes, wait_until
-from exo_download_hf.testing import HubStandIn
-
-from .support import TINY
+from exo_download_hf.testing import TINY, HubStandIn
 
 pytestmark = pytest.mark.slow
 

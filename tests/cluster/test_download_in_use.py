@@ -16,19 +16,17 @@ from exo_core.events import InstanceCreated, RunnerStatusChanged
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId
 from exo_core.state import Instance, RunnerInfo, RunnerStatus, ShardAssignment
 from exo_core.testing.harness import RunningCluster, RunningNode, running_cluster
-from exo_download_hf.testing import HubStandIn
-
-from .support import HubEnginePlugin, TinyCardPlugin
+from exo_download_hf.testing import HubEnginePlugin, TinyCardPlugin, tiny_hub
 
 MODEL = "org/tiny"
 FOLDER = "SmolLM2-135M-Instruct-Q4_1-mlx"
 
 
 @pytest.fixture
-def cluster(hub: HubStandIn, tmp_path: Path) -> Iterator[RunningCluster]:
+def cluster(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[RunningCluster]:
     plugins = lambda i: [download_plugin, HubEnginePlugin(), TinyCardPlugin()]  # noqa: E731
     # No workers: the state says what runs where (a worker would start a runner of its own).
-    with running_cluster(tmp_path, 2, plugins, worker=False) as c:
+    with tiny_hub(monkeypatch), running_cluster(tmp_path, 2, plugins, worker=False) as c:
         yield c
 
 

@@ -20,12 +20,12 @@ import pytest
 
 import exo_download_hf.plugin as download_plugin
 from exo_core.testing.harness import running_node
+from exo_core.testing.waiting import wait_until
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.hub import HubClient
 from exo_download_hf.lookups import LOOKUP_WORKERS, HubLookups
-from exo_download_hf.testing import HubStandIn
+from exo_download_hf.testing import TINY, HubEnginePlugin, HubStandIn
 
-from .support import TINY, HubEnginePlugin, wait
 from .test_routes import download_locally
 
 SEARCHES = 45
@@ -75,7 +75,7 @@ def test_searches_hanging_on_the_hub_do_not_delay_a_delete_nor_shutdown(
                 return 0  # the node stopped while it waited
 
         searches = [pool.submit(search, i) for i in range(SEARCHES)]
-        wait(lambda: len(held) >= LOOKUP_WORKERS)  # look-ups are hanging on the hub
+        wait_until(lambda: len(held) >= LOOKUP_WORKERS)  # look-ups are hanging on the hub
         time.sleep(0.5)
 
         started = time.monotonic()

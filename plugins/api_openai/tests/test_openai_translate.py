@@ -8,15 +8,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from exo_api_openai import chat, responses
+from exo_api_openai import responses, translate
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
-from exo_core.api.dialect import GenerationFailed
-from exo_core.generation import (
+from exo_core.plugin import (
     Chunk,
     ErrorChunk,
     FinishChunk,
     FinishReason,
+    InvalidRequest,
     KeepAliveChunk,
+    TaskId,
     TextChunk,
     ThinkingChunk,
     TokenLogprob,
@@ -25,8 +26,7 @@ from exo_core.generation import (
     TopLogprob,
     Usage,
 )
-from exo_core.ids import TaskId
-from exo_core.service import InvalidRequest
+from exo_core.plugin.dialect import GenerationFailed
 from exo_core.testing.scripted_engine import ECHO, THINKER
 
 T = TaskId("task-1")
@@ -75,7 +75,7 @@ def test_chat_messages_of_every_role() -> None:
             {"role": "tool", "tool_call_id": "c1", "content": "42"},
         ]
     )
-    m = chat.to_params(req, ECHO).messages
+    m = translate.to_params(req, ECHO).messages
     assert [x.role for x in m] == ["system", "system", "user", "assistant", "tool"]
     assert m[1].content == "more rules"
     assert not isinstance(m[2].content, str)
@@ -88,7 +88,7 @@ def test_chat_messages_of_every_role() -> None:
 
 
 def test_chat_settings() -> None:
-    p = chat.to_params(
+    p = translate.to_params(
         _chat(
             messages=[{"role": "user", "content": "x"}],
             max_tokens=9,
@@ -114,7 +114,7 @@ def test_chat_settings() -> None:
 
 
 def test_chat_tools_nested_and_flat() -> None:
-    p = chat.to_params(
+    p = translate.to_params(
         _chat(
             messages=[{"role": "user", "content": "x"}],
             tools=[
@@ -132,14 +132,20 @@ def test_chat_tools_nested_and_flat() -> None:
 
 def test_chat_thinking_switch() -> None:
     base: dict[str, Any] = {"messages": [{"role": "user", "content": "x"}]}
-    assert chat.to_params(_chat(**base, reasoning_effort="none"), THINKER).enable_thinking is False
-    assert chat.to_params(_chat(**base, reasoning_effort="high"), THINKER).enable_thinking is True
+    assert (
+        translate.to_params(_chat(**base, reasoning_effort="none"), THINKER).enable_thinking
+        is False
+    )
+    assert (
+        translate.to_params(_chat(**base, reasoning_effort="high"), THINKER).enable_thinking is True
+    )
     kwargs = {"enable_thinking": False}
     assert (
-        chat.to_params(_chat(**base, chat_template_kwargs=kwargs), THINKER).enable_thinking is False
+        translate.to_params(_chat(**base, chat_template_kwargs=kwargs), THINKER).enable_thinking
+        is False
     )
     # A model that cannot think ignores the request: it would not think anyway.
-    assert chat.to_params(_chat(**base, reasoning_effort="high"), ECHO).enable_thinking is None
+    assert translate.to_params(_chat(**base, reasoning_effort="high"), ECHO).enable_thinking is None
 
 
 @pytest.mark.parametrize(
@@ -162,11 +168,11 @@ def test_chat_thinking_switch() -> None:
 )
 def test_chat_refusals(body: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
-        chat.to_params(_chat(messages=[{"role": "user", "content": "x"}], **body), ECHO)
+        translate.to_params(_chat(messages=[{"role": "user", "content": "x"}], **body), ECHO)
 
 
 def test_chat_stream_frames() -> None:
-    s = chat.ChatStream("m", include_usage=True)
+    s = translate.ChatStream("m", include_usage=True)
     frames = s.start()
     for c in [
         ThinkingChunk(task_id=T, text="hm"),
@@ -199,7 +205,7 @@ def test_chat_stream_frames() -> None:
 
 
 def test_chat_stream_errors_in_band() -> None:
-    s = chat.ChatStream("m")
+    s = translate.ChatStream("m")
     frames = s.feed(ErrorChunk(task_id=T, message="boom"))
     assert _data(frames[:1])[0]["error"]["message"] == "boom"
     assert frames[-1] == "data: [DONE]\n\n"
@@ -214,16 +220,16 @@ def test_chat_completion_object() -> None:
         TextChunk(task_id=T, text="b"),
         FinishChunk(task_id=T, finish_reason=FinishReason.LENGTH, usage=USAGE),
     ]
-    result = chat.completion("m", chunks)
+    result = translate.completion("m", chunks)
     choice = result["choices"][0]
     assert choice["message"]["content"] == "ab" and choice["message"]["reasoning_content"] == "hm"
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
     assert result["usage"]["total_tokens"] == 7
     assert result["usage"]["completion_tokens_details"] == {"reasoning_tokens": 1}
     with pytest.raises(GenerationFailed, match=r"^x$"):
-        chat.completion("m", [ErrorChunk(task_id=T, message="x")])
+        translate.completion("m", [ErrorChunk(task_id=T, message="x")])
     with pytest.raises(GenerationFailed, match="without finishing"):
-        chat.completion("m", chunks[:1])
+        translate.completion("m", chunks[:1])
 
 
 def test_responses_input_items() -> None:

@@ -1,16 +1,19 @@
-"""Chat Completions: request -> `GenerationParams`, and chunks -> SSE frames or one completion.
+"""Chat Completions: request -> `GenerationParams`, chunks -> SSE frames or one completion; and
+the pieces the Responses API shares with it (tools, tool choice, thinking, logprobs, usage,
+OpenAI's error shape).
 
 Pure functions and small state machines; the HTTP layer lives in routes.py.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
+from litestar.exceptions import HTTPException
 
-from exo_api_openai import common
 from exo_api_openai.types import (
     AssistantMessage,
     ChatCompletionRequest,
@@ -20,10 +23,13 @@ from exo_api_openai.types import (
     RefusalPart,
     SystemMessage,
     TextPart,
+    ToolChoice,
+    ToolIn,
     ToolMessage,
     UserMessage,
 )
 from exo_core.plugin import (
+    Capability,
     ChatMessage,
     Chunk,
     ContentPart,
@@ -33,12 +39,16 @@ from exo_core.plugin import (
     InvalidRequest,
     KeepAliveChunk,
     ModelCard,
+    ModelNotFound,
     TextChunk,
     ThinkingChunk,
+    TokenLogprob,
     ToolCall,
     ToolCallChunk,
     ToolCallDeltaChunk,
+    ToolSpec,
     Usage,
+    new_id,
 )
 from exo_core.plugin.dialect import (
     GenerationFailed,
@@ -48,7 +58,161 @@ from exo_core.plugin.dialect import (
     resolve_sampling,
 )
 
-# -- request ---------------------------------------------------------------------------------
+# -- shared by Chat Completions and Responses ------------------------------------------------------
+
+
+T = TypeVar("T")
+
+
+def convert(value: Any, type_: type[T], where: str) -> T:
+    """`msgspec.convert` for part of a body decoded loosely, with errors that name the part."""
+    try:
+        return msgspec.convert(value, type_)
+    except msgspec.ValidationError as e:
+        raise InvalidRequest(f"invalid {where}: {e}") from e
+
+
+def tool_specs(tools: list[ToolIn] | None) -> tuple[ToolSpec, ...]:
+    """Tools nested under `function` or flat (the Responses API's shape), as the core's specs."""
+    specs: list[ToolSpec] = []
+    for i, tool in enumerate(tools or []):
+        if tool.type != "function":
+            raise InvalidRequest(
+                f"tools[{i}]: tools of type '{tool.type}' are not supported (only 'function')"
+            )
+        fn = tool.function
+        name = fn.name if fn else tool.name
+        if not name:
+            raise InvalidRequest(f"tools[{i}]: a function tool needs a name")
+        description = (fn.description if fn else tool.description) or ""
+        parameters = (fn.parameters if fn else tool.parameters) or {}
+        specs.append(ToolSpec(name=name, description=description, parameters=parameters))
+    return tuple(specs)
+
+
+def tool_choice(choice: ToolChoice | None, tools: tuple[ToolSpec, ...]) -> str:
+    """ "auto", "none", "required", or the name of the one function the model must call."""
+    if choice is None:
+        return "auto"
+    if isinstance(choice, str):
+        if choice not in ("auto", "none", "required"):
+            raise InvalidRequest(
+                f"tool_choice must be 'auto', 'none', 'required' or a function, not '{choice}'"
+            )
+        return choice
+    if choice.type != "function":
+        raise InvalidRequest(f"tool_choice of type '{choice.type}' is not supported")
+    name = choice.function.name if choice.function else choice.name
+    if not name:
+        raise InvalidRequest("tool_choice names no function")
+    if name not in {t.name for t in tools}:
+        raise InvalidRequest(f"tool_choice names '{name}', which is not among the tools")
+    return name
+
+
+def thinking(
+    card: ModelCard,
+    effort: str | None,
+    template_kwargs: dict[str, Any] | None,
+    enable_thinking: bool | None = None,
+) -> bool | None:
+    """The thinking switch: from `reasoning_effort` ("none"/"minimal" off, others on), the
+    top-level `enable_thinking` (exo's extension) or `chat_template_kwargs.enable_thinking`
+    (vLLM's), the later winning; None leaves the model's default.
+
+    Models that cannot think ignore it, which is harmless: they would not think anyway."""
+    flag: bool | None = None
+    if effort is not None:
+        flag = effort not in ("none", "minimal")
+    if enable_thinking is not None:
+        flag = enable_thinking
+    for key, value in (template_kwargs or {}).items():
+        if key not in ("enable_thinking", "thinking"):
+            raise InvalidRequest(f"chat_template_kwargs.{key} is not supported")
+        if not isinstance(value, bool):
+            raise InvalidRequest(f"chat_template_kwargs.{key} must be a boolean")
+        flag = value
+    return flag if card.has(Capability.THINKING) else None
+
+
+EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+           "xhigh": "high"}  # fmt: skip
+
+
+def effort(value: str | None) -> str | None:
+    """OpenAI's reasoning effort as the levels reasoning templates know (gpt-oss's Harmony has
+    low, medium and high; "none"/"minimal" are its lowest, "xhigh" its highest)."""
+    if value is None:
+        return None
+    if value not in EFFORTS:
+        raise InvalidRequest(f"reasoning effort must be one of {', '.join(EFFORTS)}")
+    return EFFORTS[value]
+
+
+def stop_list(stop: str | list[str] | None) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = (stop,) if isinstance(stop, str) else tuple(stop)
+    if len(stops) > 4:
+        raise InvalidRequest("stop takes at most 4 sequences")
+    if any(not s for s in stops):
+        raise InvalidRequest("stop sequences must not be empty")
+    return stops
+
+
+def image(url: str) -> ContentPart:
+    if not url:
+        raise InvalidRequest("an image needs a URL (or a data: URL)")
+    return ContentPart(type="image", image_url=url)
+
+
+def arguments_text(arguments: str | dict[str, Any]) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
+def token_logprob(lp: TokenLogprob) -> dict[str, Any]:
+    """One token's logprob as OpenAI writes it (Chat Completions and Responses agree)."""
+    return {
+        "token": lp.token,
+        "logprob": lp.logprob,
+        "bytes": list(lp.token.encode()),
+        "top_logprobs": [
+            {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
+            for t in lp.top
+        ],
+    }
+
+
+def chat_usage(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+    }
+
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+def error_body(
+    status: int, message: str, *, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    kind = _TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+# -- Chat Completions: the request -----------------------------------------------------------------
 
 
 def _text(content: str | list[TextPart] | list[TextPart | RefusalPart] | None) -> str:
@@ -68,7 +232,7 @@ def _user_content(content: str | list[TextPart | ImagePart]) -> str | tuple[Cont
             parts.append(ContentPart(type="text", text=part.text))
         else:
             url = part.image_url if isinstance(part.image_url, str) else part.image_url.url
-            parts.append(common.image(url))
+            parts.append(image(url))
     return tuple(parts)
 
 
@@ -84,7 +248,7 @@ def message(m: MessageIn) -> ChatMessage:
                 ToolCall(
                     id=c.id,
                     name=c.function.name,
-                    arguments=common.arguments_text(c.function.arguments),
+                    arguments=arguments_text(c.function.arguments),
                 )
                 for c in m.tool_calls or []
             )
@@ -131,14 +295,14 @@ def to_params(req: ChatCompletionRequest, card: ModelCard) -> GenerationParams:
     _refuse_unsupported(req)
     if not req.messages:
         raise InvalidRequest("messages must not be empty")
-    tools = common.tool_specs(req.tools)
+    tools = tool_specs(req.tools)
     want_logprobs = bool(req.logprobs)
     if req.top_logprobs and not want_logprobs:
         raise InvalidRequest("top_logprobs needs logprobs: true")
     max_tokens = (
         req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     )
-    thinking = common.thinking(
+    enable_thinking = thinking(
         card, req.reasoning_effort, req.chat_template_kwargs, req.enable_thinking
     )
     requested = SamplingValues(
@@ -153,24 +317,24 @@ def to_params(req: ChatCompletionRequest, card: ModelCard) -> GenerationParams:
     return GenerationParams(
         messages=tuple(message(m) for m in req.messages),
         tools=tools,
-        tool_choice=common.tool_choice(req.tool_choice, tools),
+        tool_choice=tool_choice(req.tool_choice, tools),
         max_tokens=max_tokens,
-        stop=common.stop_list(req.stop),
+        stop=stop_list(req.stop),
         sampling=resolve_sampling(
             requested,
             card.sampling_defaults,
-            thinking,
+            enable_thinking,
             seed=req.seed,
             repetition_context_size=req.repetition_context_size,
         ),
         logprobs=want_logprobs,
         top_logprobs=req.top_logprobs or 0,
-        enable_thinking=thinking,
-        reasoning_effort=common.effort(req.reasoning_effort),
+        enable_thinking=enable_thinking,
+        reasoning_effort=effort(req.reasoning_effort),
     )
 
 
-# -- responses -------------------------------------------------------------------------------
+# -- Chat Completions: the answer ------------------------------------------------------------------
 
 
 def _tool_call(index: int, call: ToolCall) -> dict[str, Any]:
@@ -188,7 +352,7 @@ class ChatStream:
     def __init__(
         self, model: str, *, include_usage: bool = False, completion_id: str | None = None
     ) -> None:
-        self.id = completion_id or common.new_id("chatcmpl-")
+        self.id = completion_id or new_id("chatcmpl", size=24)
         self.created = int(time.time())
         self.model = model
         self.include_usage = include_usage
@@ -224,7 +388,7 @@ class ChatStream:
             case TextChunk(text=text, logprobs=lps):
                 if not text and not lps:
                     return []
-                logprobs = {"content": [common.token_logprob(lp) for lp in lps]} if lps else None
+                logprobs = {"content": [token_logprob(lp) for lp in lps]} if lps else None
                 return [self._chunk({"content": text}, logprobs=logprobs)]
             case ThinkingChunk(text=text):
                 return [self._chunk({"reasoning_content": text})] if text else []
@@ -265,13 +429,13 @@ class ChatStream:
                 "created": self.created,
                 "model": self.model,
                 "choices": [],
-                "usage": common.chat_usage(usage),
+                "usage": chat_usage(usage),
             }
         )
 
     def fail(self, message: str) -> list[str]:
         """An error after the stream began: an error frame (the OpenAI client raises on it)."""
-        return [self._frame(common.error_body(500, message)), "data: [DONE]\n\n"]
+        return [self._frame(error_body(500, message)), "data: [DONE]\n\n"]
 
 
 def completion(model: str, chunks: list[Chunk], completion_id: str | None = None) -> dict[str, Any]:
@@ -286,7 +450,7 @@ def completion(model: str, chunks: list[Chunk], completion_id: str | None = None
         match chunk:
             case TextChunk():
                 text.append(chunk.text)
-                logprobs.extend(common.token_logprob(lp) for lp in chunk.logprobs)
+                logprobs.extend(token_logprob(lp) for lp in chunk.logprobs)
             case ThinkingChunk():
                 reasoning.append(chunk.text)
             case ToolCallChunk():
@@ -311,7 +475,7 @@ def completion(model: str, chunks: list[Chunk], completion_id: str | None = None
     if calls:
         msg["tool_calls"] = calls
     return {
-        "id": completion_id or common.new_id("chatcmpl-"),
+        "id": completion_id or new_id("chatcmpl", size=24),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -323,5 +487,19 @@ def completion(model: str, chunks: list[Chunk], completion_id: str | None = None
                 "finish_reason": finish.finish_reason.value,
             }
         ],
-        "usage": common.chat_usage(finish.usage),
+        "usage": chat_usage(finish.usage),
     }
+
+
+# -- the error body of every route -----------------------------------------------------------------
+
+
+def api_error(status: int, message: str, exc: Exception) -> dict[str, Any]:
+    """The body for a failure; unknown models and routes carry OpenAI's codes for them."""
+    code: str | None = None
+    if isinstance(exc, ModelNotFound):
+        code = "model_not_found"
+    elif isinstance(exc, HTTPException) and status == 404:
+        code = "not_found"
+    param = exc.param if isinstance(exc, InvalidRequest) else None
+    return error_body(status, message, code=code, param=param)

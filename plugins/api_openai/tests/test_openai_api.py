@@ -9,7 +9,7 @@ import httpx
 import openai
 from openai.types.chat import ChatCompletionMessageParam
 
-from .support import Cluster
+from exo_core.testing.harness import RunningNode
 
 WEATHER = {
     "type": "function",
@@ -299,9 +299,9 @@ def _sse_events(body: str) -> list[str]:
     return body[:-2].split("\n\n")
 
 
-def test_chat_sse_framing(cluster: Cluster) -> None:
+def test_chat_sse_framing(node: RunningNode) -> None:
     r = httpx.post(
-        f"{cluster.url}/v1/chat/completions",
+        f"{node.url}/v1/chat/completions",
         json={
             "model": "scripted-echo",
             "messages": [{"role": "user", "content": "a b"}],
@@ -328,9 +328,9 @@ def test_chat_sse_framing(cluster: Cluster) -> None:
     }
 
 
-def test_responses_sse_framing(cluster: Cluster) -> None:
+def test_responses_sse_framing(node: RunningNode) -> None:
     r = httpx.post(
-        f"{cluster.url}/v1/responses",
+        f"{node.url}/v1/responses",
         json={"model": "scripted-echo", "input": "a b", "stream": True},
     )
     assert r.headers["content-type"].startswith("text/event-stream")

@@ -11,9 +11,7 @@ import time
 from pathlib import Path
 
 from exo_download_hf.store import ModelStore
-from exo_download_hf.testing import HubStandIn
-
-from .support import TINY, tiny_files
+from exo_download_hf.testing import TINY, HubStandIn, tiny_files
 
 SCRIPT = Path(__file__).with_name("fetch_model.py")
 WEIGHTS = 4_000_000

@@ -10,14 +10,20 @@ import httpx
 import pytest
 
 import exo_download_hf.plugin as download_plugin
-from exo_core.commands import AddModelCard, DeleteDownload
-from exo_core.ids import ModelId, NodeId
-from exo_core.state import DownloadStatus
+from exo_core.plugin import ModelId, NodeId
+from exo_core.plugin.download import AddModelCard, DeleteDownload, DownloadStatus
 from exo_core.testing.harness import RunningNode, running_node
+from exo_core.testing.waiting import wait_until
 from exo_download_hf.downloader import HfDownloader
-from exo_download_hf.testing import HubStandIn
-
-from .support import TINY, WEIGHTS, HubEnginePlugin, Reports, card, tiny_files, wait
+from exo_download_hf.testing import (
+    TINY,
+    WEIGHTS,
+    HubEnginePlugin,
+    HubStandIn,
+    Reports,
+    card,
+    tiny_files,
+)
 
 
 @pytest.fixture
@@ -169,7 +175,7 @@ def test_a_delete_request_in_the_log_deletes_here(node: RunningNode) -> None:
     path = download_locally(node)
     request = DeleteDownload(node_id=NodeId(node.node_id), model_id=ModelId(TINY))
     node.call(node.node.send_command, request)
-    wait(lambda: not path.exists())
+    wait_until(lambda: not path.exists())
 
 
 def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
@@ -186,7 +192,7 @@ def test_a_delete_request_for_a_read_only_model_is_answered_by_a_report(
             p = node.node.state.downloads.get(me, {}).get(ModelId(TINY))
             return p is not None and p.status == DownloadStatus.COMPLETED
 
-        wait(reported)
+        wait_until(reported)
         progress = node.node.state.downloads[me][ModelId(TINY)]
         assert progress.path == str(kept) and progress.read_only is True
         assert (kept / "model.safetensors").exists()
@@ -252,7 +258,7 @@ def test_exo_download_start_and_cancel(node: RunningNode, hub: HubStandIn) -> No
     assert started.status_code == 200, started.text
     answer = started.json()
     assert {k: type(v) for k, v in answer.items()} == EXO_DOWNLOAD_RESPONSE
-    wait(lambda: getattr(progress_of(node), "downloaded_bytes", 0) > 0)
+    wait_until(lambda: getattr(progress_of(node), "downloaded_bytes", 0) > 0)
     cancel = {"target_node_id": node.node_id, "model_id": TINY}  # snake_case works too
     cancelled = httpx.post(f"{node.url}/download/cancel", json=cancel)
     assert cancelled.status_code == 200, cancelled.text
@@ -262,7 +268,7 @@ def test_exo_download_start_and_cancel(node: RunningNode, hub: HubStandIn) -> No
         p = progress_of(node)
         return p is not None and getattr(p, "status", None) == DownloadStatus.FAILED
 
-    wait(failed)
+    wait_until(failed)
     assert "cancelled by request" in str(getattr(progress_of(node), "error", ""))
     again = httpx.post(f"{node.url}/download/cancel", json=cancel)
     assert again.status_code == 404 and "no download" in again.json()["detail"]
@@ -273,7 +279,7 @@ def test_exo_download_start_and_cancel(node: RunningNode, hub: HubStandIn) -> No
     def completed() -> bool:
         return getattr(progress_of(node), "status", None) == DownloadStatus.COMPLETED
 
-    wait(completed)
+    wait_until(completed)
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import anthropic
 import httpx
 from anthropic.types import MessageParam
 
-from .support import Cluster
+from exo_core.testing.harness import RunningNode
 
 WEATHER: Any = {
     "name": "get_weather",
@@ -181,9 +181,9 @@ def test_count_tokens(claude: anthropic.Anthropic) -> None:
 # -- the raw wire ----------------------------------------------------------------------------
 
 
-def test_sse_framing(cluster: Cluster) -> None:
+def test_sse_framing(node: RunningNode) -> None:
     r = httpx.post(
-        f"{cluster.url}/v1/messages",
+        f"{node.url}/v1/messages",
         headers={"anthropic-version": "2023-06-01"},
         json={
             "model": "scripted-thinker",

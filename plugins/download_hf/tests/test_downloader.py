@@ -9,14 +9,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from exo_core.downloads import DownloadFailed
-from exo_core.state import DownloadStatus
+from exo_core.plugin.download import DownloadFailed, DownloadStatus
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
 from exo_download_hf.store import ModelStore
-from exo_download_hf.testing import HubStandIn
-
-from .support import NEEDED, TINY, WEIGHTS, Reports, card, tiny_files
+from exo_download_hf.testing import NEEDED, TINY, WEIGHTS, HubStandIn, Reports, card, tiny_files
 
 pytestmark = pytest.mark.anyio
 

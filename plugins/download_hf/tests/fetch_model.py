@@ -10,8 +10,7 @@ from pathlib import Path
 
 import anyio
 
-from exo_core.ids import ModelId
-from exo_core.model_cards import ModelCard
+from exo_core.plugin import ModelCard, ModelId
 from exo_download_hf.dirs import ModelDirs
 from exo_download_hf.downloader import HfDownloader
 

@@ -18,13 +18,16 @@ from urllib.parse import urlsplit
 import pytest
 
 import exo_download_hf.plugin as download_plugin
-from exo_core.commands import AddModelCard, DeleteDownload, RemoveModelCard, ReportEvents
-from exo_core.events import DownloadDeleted, IndexedEvent
-from exo_core.ids import ModelId, NodeId
+from exo_core.plugin import IndexedEvent, ModelId, NodeId
+from exo_core.plugin.download import (
+    AddModelCard,
+    DeleteDownload,
+    DownloadDeleted,
+    RemoveModelCard,
+    ReportEvents,
+)
 from exo_core.testing.harness import RunningCluster, running_cluster
-from exo_download_hf.testing import HubStandIn
-
-from .support import card
+from exo_download_hf.testing import HubStandIn, card
 
 # (how the id is written in a URL path, the id itself); `evil` is a symlink out of models/.
 UNSAFE = [

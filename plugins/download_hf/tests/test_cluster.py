@@ -9,14 +9,11 @@ import httpx
 import pytest
 
 import exo_download_hf.plugin as download_plugin
-from exo_core.events import DownloadDeleted
-from exo_core.ids import ModelId, NodeId
-from exo_core.state import DownloadProgress, DownloadStatus
+from exo_core.plugin import ModelId, NodeId
+from exo_core.plugin.download import DownloadDeleted, DownloadProgress, DownloadStatus
 from exo_core.testing.harness import RunningCluster, RunningNode, running_cluster
 from exo_download_hf.downloader import HfDownloader
-from exo_download_hf.testing import HubStandIn
-
-from .support import TINY, HubEnginePlugin, Reports, TinyCardPlugin, card
+from exo_download_hf.testing import TINY, HubEnginePlugin, HubStandIn, Reports, TinyCardPlugin, card
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import ollama
 
-from .support import Cluster
+from exo_core.testing.harness import RunningNode
 
 WEATHER: Any = {
     "type": "function",
@@ -100,7 +100,7 @@ def test_generate(olla: ollama.Client) -> None:
     assert "".join(p.response or "" for p in streamed) == "echo: a b"
 
 
-def test_empty_request_loads_the_model(cluster: Cluster) -> None:
+def test_empty_request_loads_the_model(node: RunningNode) -> None:
     """As in Ollama, a chat without messages (or a generate without prompt) only loads the
     model; clients use it to preload."""
     for path, body in [
@@ -108,7 +108,7 @@ def test_empty_request_loads_the_model(cluster: Cluster) -> None:
         ("/api/chat", {"model": "scripted-echo", "stream": False}),
         ("/api/generate", {"model": "scripted-echo"}),
     ]:
-        r = httpx.post(cluster.url + path, json=body)
+        r = httpx.post(node.url + path, json=body)
         assert r.status_code == 200, r.text
         reply = json.loads(r.text)
         assert reply["done"] is True and reply["done_reason"] == "load"
@@ -126,11 +126,11 @@ def test_models(olla: ollama.Client) -> None:
     assert olla.show("scripted-echo:latest").capabilities == ["completion", "tools"]
 
 
-def test_version_and_prefix(cluster: Cluster) -> None:
-    version = httpx.get(f"{cluster.url}/api/version").json()["version"]
+def test_version_and_prefix(node: RunningNode) -> None:
+    version = httpx.get(f"{node.url}/api/version").json()["version"]
     assert tuple(int(p) for p in version.split(".")) >= (0, 9, 0)
-    assert httpx.get(f"{cluster.url}/ollama").text == "Ollama is running"
-    client = ollama.Client(host=f"{cluster.url}/ollama")
+    assert httpx.get(f"{node.url}/ollama").text == "Ollama is running"
+    client = ollama.Client(host=f"{node.url}/ollama")
     r = client.chat(model="scripted-echo", messages=[{"role": "user", "content": "prefixed"}])
     assert r.message.content == "echo: prefixed"
     assert "scripted-echo" in [m.model for m in client.list().models]
@@ -139,9 +139,9 @@ def test_version_and_prefix(cluster: Cluster) -> None:
 # -- the raw wire ----------------------------------------------------------------------------
 
 
-def test_ndjson_framing(cluster: Cluster) -> None:
+def test_ndjson_framing(node: RunningNode) -> None:
     r = httpx.post(
-        f"{cluster.url}/api/chat",
+        f"{node.url}/api/chat",
         json={"model": "scripted-echo", "messages": [{"role": "user", "content": "a b"}]},
     )
     assert r.status_code == 200
@@ -167,14 +167,14 @@ def test_ndjson_framing(cluster: Cluster) -> None:
     assert (final["prompt_eval_count"], final["eval_count"]) == (2, 3)
 
 
-def test_generate_ndjson_and_single_object(cluster: Cluster) -> None:
+def test_generate_ndjson_and_single_object(node: RunningNode) -> None:
     streamed = httpx.post(
-        f"{cluster.url}/api/generate", json={"model": "scripted-echo", "prompt": "hi"}
+        f"{node.url}/api/generate", json={"model": "scripted-echo", "prompt": "hi"}
     )
     lines = [json.loads(line) for line in streamed.text.splitlines()]
     assert [line["response"] for line in lines] == ["echo:", " hi", ""]
     single = httpx.post(
-        f"{cluster.url}/api/generate",
+        f"{node.url}/api/generate",
         json={"model": "scripted-echo", "prompt": "hi", "stream": False},
     )
     assert single.headers["content-type"].startswith("application/json")
