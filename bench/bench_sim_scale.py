@@ -134,9 +134,9 @@ def _install_telemetry() -> Any:
     refresh reads them), and free memory that moves while `busy`."""
     from unittest import mock
 
-    import exo_core.node
+    import exo_core.reporting
 
-    steady = exo_core.node.gather_resources
+    steady = exo_core.reporting.gather_resources
 
     def resources(*args: Any, **kwargs: Any) -> Any:
         found = steady(*args, **kwargs)
@@ -156,7 +156,9 @@ def _install_telemetry() -> Any:
             return 1.8e9 + anyio.current_time()
 
     stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch("exo_core.node.gather_resources", resources))
+    stack.enter_context(mock.patch("exo_core.reporting.gather_resources", resources))
+    # Telemetry's timestamps (reporting) and the node's start (node) on the virtual clock.
+    stack.enter_context(mock.patch("exo_core.reporting.time", VirtualClock()))
     stack.enter_context(mock.patch("exo_core.node.time", VirtualClock()))
     return stack
 

@@ -25,7 +25,7 @@ import anyio
 import msgspec
 import pytest
 
-from exo_core import node as node_module
+from exo_core import peers as peers_module
 from exo_core.commands import (
     AddModelCard,
     Command,
@@ -232,7 +232,7 @@ def test_a_peer_gets_a_bounded_number_of_requests_answered_at_once(tmp_path: Pat
             for i in range(100):
                 tg.start_soon(one, i)
         refused = [a for a in answers if isinstance(a, Refused)]
-        assert len(refused) == 100 - node_module.MAX_REQUESTS_IN_FLIGHT, answers[:3]
+        assert len(refused) == 100 - peers_module.MAX_REQUESTS_IN_FLIGHT, answers[:3]
         cluster.network.heal()
 
     with_mallory(tmp_path, body)
@@ -426,7 +426,7 @@ def test_a_node_given_garbage_answers_keeps_running(tmp_path: Path) -> None:
 def test_catch_up_answers_are_bounded_whatever_the_asker_wants(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_module, "MAX_CATCH_UP_EVENTS", 3)
+    monkeypatch.setattr(peers_module, "MAX_CATCH_UP_EVENTS", 3)
 
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         assert cluster.nodes[0].node.state.last_index >= 5

@@ -7,7 +7,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exo_core import node as node_module
+from exo_core import campaign as campaign_module
 from exo_core.decide import MasterContext, decide_node_timeout
 from exo_core.events import (
     IndexedEvent,
@@ -80,7 +80,7 @@ def test_timeout_without_room_only_deletes() -> None:
 def test_a_silent_node_is_timed_out_and_its_instance_moves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(node_module, "NODE_TIMEOUT_S", 2.0)
+    monkeypatch.setattr(campaign_module, "NODE_TIMEOUT_S", 2.0)
     with running_cluster(tmp_path, 3, lambda i: [ScriptedEnginePlugin()]) as cluster:
         cluster.wait(lambda: all(len(n.node.state.nodes) == 3 for n in cluster.nodes))
         (master,) = cluster.masters()

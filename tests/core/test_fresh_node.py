@@ -14,7 +14,7 @@ import anyio.to_thread
 import httpx
 import pytest
 
-from exo_core.node import Node
+from exo_core.reporting import Reporter
 from exo_core.testing.harness import running_node
 from exo_core.testing.processes import wait_until
 from exo_core.testing.scripted_engine import ECHO, ScriptedEnginePlugin
@@ -25,13 +25,13 @@ def test_a_request_before_the_first_telemetry_is_placed_on_this_node(
 ) -> None:
     # A loaded machine: the node's first report reaches state after a request has arrived.
     release = threading.Event()
-    original: Callable[[Node], Coroutine[Any, Any, None]] = Node._telemetry_loop  # pyright: ignore[reportPrivateUsage]
+    original: Callable[[Reporter], Coroutine[Any, Any, None]] = Reporter.run
 
-    async def late_telemetry(self: Node) -> None:
+    async def late_telemetry(self: Reporter) -> None:
         await anyio.to_thread.run_sync(release.wait)
         await original(self)
 
-    monkeypatch.setattr(Node, "_telemetry_loop", late_telemetry)
+    monkeypatch.setattr(Reporter, "run", late_telemetry)
     with (
         running_node(tmp_path, [ScriptedEnginePlugin()], wait_ready=False) as node,
         ThreadPoolExecutor(1) as pool,

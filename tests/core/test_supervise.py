@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from loguru import logger
 
-import exo_core.node
+import exo_core.reporting
 from exo_core.supervise import NodeCannotGoOn, essential, keep_running
 from exo_core.testing.harness import running_node
 
@@ -33,7 +33,7 @@ def _out_of_files() -> OSError:
 def test_telemetry_out_of_files_is_logged_and_retried_and_the_node_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, messages: list[str]
 ) -> None:
-    real = exo_core.node.gather_resources
+    real = exo_core.reporting.gather_resources
     failures = [_out_of_files(), _out_of_files()]
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -41,7 +41,7 @@ def test_telemetry_out_of_files_is_logged_and_retried_and_the_node_goes_on(
             raise failures.pop()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(exo_core.node, "gather_resources", flaky)
+    monkeypatch.setattr(exo_core.reporting, "gather_resources", flaky)
     with running_node(tmp_path, wait_ready=False) as node:
         deadline = time.monotonic() + 30
         while node.node.node_id not in node.node.state.nodes:  # its telemetry arrived

@@ -7,7 +7,7 @@ change without notice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -79,3 +79,73 @@ class NodeContext(Protocol):
         """Run `job` in the background while the node runs. A job that raises is logged with
         the plugin's name and dropped; it never stops the node."""
         ...
+
+
+class PluginContext:
+    """The `NodeContext` the node hands its plugins: these members and nothing more, so that a
+    plugin cannot come to rely on the core's insides (`ctx.replica`, `ctx.master`)."""
+
+    def __init__(
+        self,
+        *,
+        node_id: NodeId,
+        config: NodeConfig,
+        state: Callable[[], State],
+        started_at: float,
+        downloader: Downloader | None,
+        card: Callable[[str], ModelCard | None],
+        cards: Callable[[], dict[ModelId, ModelCard]],
+        send_command: Callable[[Command, float], Awaitable[CommandResult]],
+        run_command: Callable[[Command, float], Awaitable[CommandResult]],
+        download: Callable[[ModelCard], Awaitable[None]],
+        spawn: Callable[[Job], None],
+    ) -> None:
+        self._node_id = node_id
+        self._config = config
+        self._state = state
+        self._started_at = started_at
+        self._downloader = downloader
+        self._card = card
+        self._cards = cards
+        self._send_command = send_command
+        self._run_command = run_command
+        self._download = download
+        self._spawn = spawn
+
+    @property
+    def node_id(self) -> NodeId:
+        return self._node_id
+
+    @property
+    def config(self) -> NodeConfig:
+        return self._config
+
+    @property
+    def state(self) -> State:
+        return self._state()
+
+    @property
+    def started_at(self) -> float:
+        return self._started_at
+
+    @property
+    def downloader(self) -> Downloader | None:
+        return self._downloader
+
+    def card(self, model_id: str) -> ModelCard | None:
+        return self._card(model_id)
+
+    def cards(self) -> dict[ModelId, ModelCard]:
+        return self._cards()
+
+    async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        return await self._send_command(command, timeout)
+
+    async def run_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        return await self._run_command(command, timeout)
+
+    async def download(self, card: ModelCard) -> None:
+        await self._download(card)
+
+    def spawn(self, job: Job) -> None:
+        self._spawn(job)

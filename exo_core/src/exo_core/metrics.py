@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from litestar.handlers import HTTPRouteHandler
 from prometheus_client import (
@@ -41,7 +41,28 @@ from exo_core.state import DownloadStatus, RunnerStatus, State
 if TYPE_CHECKING:
     from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-    from exo_core.node import Node
+    from exo_core.replica import Replica
+    from exo_core.transport.base import Transport
+
+
+class MeasuredNode(Protocol):
+    """What the metrics read of their node at each scrape (the node implements it)."""
+
+    @property
+    def node_id(self) -> NodeId: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def replica(self) -> Replica: ...
+    @property
+    def transport(self) -> Transport: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def master(self) -> object | None:
+        """This node's master role while it leads, else None."""
+        ...
+
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
@@ -61,7 +82,7 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 class NodeMetrics:
     """The counters and histograms a node updates as things happen, and its registry."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: MeasuredNode) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -236,7 +257,7 @@ def _bump(counts: dict[tuple[NodeId, str], int], key: tuple[NodeId, str]) -> Non
 class StateCollector(Collector):
     """Figures read from the replicated state (and the transport) at each scrape."""
 
-    def __init__(self, node: Node, log_counters: LogCounters) -> None:
+    def __init__(self, node: MeasuredNode, log_counters: LogCounters) -> None:
         self._node = node
         self._log_counters = log_counters
 
@@ -260,7 +281,7 @@ def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricF
     return GaugeMetricFamily(name, doc, labels=labels or [])
 
 
-def _cluster(node: Node, state: State, is_master: bool) -> Iterator[GaugeMetricFamily]:
+def _cluster(node: MeasuredNode, state: State, is_master: bool) -> Iterator[GaugeMetricFamily]:
     master = _gauge("exo_is_master", "1 when this node is the master.")
     master.add_metric([], 1.0 if is_master else 0.0)
     term = _gauge("exo_election_term", "The term of the master this node follows.")
@@ -281,7 +302,7 @@ def _cluster(node: Node, state: State, is_master: bool) -> Iterator[GaugeMetricF
     yield from (master, term, peers, members, instances)
 
 
-def _eventlog(node: Node, state: State) -> Iterator[GaugeMetricFamily]:
+def _eventlog(node: MeasuredNode, state: State) -> Iterator[GaugeMetricFamily]:
     index = _gauge("exo_eventlog_last_index", "Index of the last event applied on this node.")
     index.add_metric([], float(state.last_index))
     size = _gauge("exo_eventlog_size_bytes", "Size of this node's event log file.")

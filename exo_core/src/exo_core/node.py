@@ -1,4 +1,9 @@
-"""One exo node: transport, replica, election, master (when elected), worker and API.
+"""One exo node: it builds its parts and wires them together.
+
+The parts, each built from narrow arguments: the peer protocol (`exo_core.peers`: messages,
+catch-up, bodies), the campaign (`exo_core.campaign`: elections, votes, the master role),
+telemetry (`exo_core.reporting`), the worker (`exo_core.worker`), the generation service
+(`exo_core.service`) and the plugins' view of the node (`exo_core.context.PluginContext`).
 
 API call -> command -> master -> indexed events -> every replica -> worker plans from state
 runner -> chunks -> (data plane) -> the node whose API holds the caller's request
@@ -6,126 +11,62 @@ runner -> chunks -> (data plane) -> the node whose API holds the caller's reques
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 from anyio.abc import TaskGroup
 from loguru import logger
 
-from exo_core.bodies import Body, BodyStore, BodyUnavailable, with_body
+from exo_core.bodies import BodyStore
+from exo_core.campaign import Campaigner
 from exo_core.chunks import ChunkRouter
-from exo_core.commands import Command, CommandEnvelope, CommandResult, ReportEvents
+from exo_core.commands import Command, CommandResult
 from exo_core.config import NodeConfig, model_roots
-from exo_core.context import Job
+from exo_core.context import Job, PluginContext
 from exo_core.datadir import DataDirLock
-from exo_core.decide import MasterContext, decide_node_timeout
-from exo_core.downloads import Downloader, needs_fetching
+from exo_core.decide import MasterContext
+from exo_core.downloads import Downloader
 from exo_core.durable import replace_durably
-from exo_core.election import Election, ElectionTiming, is_majority
+from exo_core.election import Election, ElectionTiming
 from exo_core.engine import Engine
-from exo_core.eventlog import EventLog, LogWriteFailed
-from exo_core.events import (
-    IndexedEvent,
-    InstanceDeleted,
-    NodeTelemetry,
-    TaskStatusChanged,
-    TopologyReported,
-)
+from exo_core.eventlog import EventLog
+from exo_core.events import IndexedEvent, InstanceDeleted, TaskStatusChanged
 from exo_core.generation import (
     Chunk,
     FinishChunk,
     FinishReason,
     GenerationParams,
 )
-from exo_core.ids import CommandId, ModelId, NodeId, TaskId, new_id
+from exo_core.ids import ModelId, NodeId, TaskId
 from exo_core.local_cards import watch_models_dir
 from exo_core.master import Master
 from exo_core.metrics import NodeMetrics
 from exo_core.model_cards import ModelCard, index_cards
 from exo_core.parsers import ChainedParser, OutputParser, ParserFactory
-from exo_core.peer_auth import (
-    chunk_refusal,
-    command_refusal,
-    is_member,
-    is_stale,
-    speaks_for_itself,
-    vote_refusal,
-)
+from exo_core.peers import NoMaster, NotCommitted, PeerProtocol, RefusalLog
 from exo_core.placement import including, runnable
 from exo_core.placement_types import PlacementOption, PlacementRefused, PlacementRequest
 from exo_core.plugin_host import PluginHost, describe
-from exo_core.replica import Ingested, Replica
+from exo_core.replica import Replica
+from exo_core.reporting import REPORT_WAIT_S, Reporter
 from exo_core.service import GenerationService
-from exo_core.snapshot import Snapshot, SnapshotStore
+from exo_core.snapshot import SnapshotStore
 from exo_core.start_model import place_at_start
-from exo_core.state import State, Task, TaskStatus
+from exo_core.state import State, TaskStatus
 from exo_core.supervise import essential, keep_running
-from exo_core.telemetry import cap_memory, gather_resources, hostname, local_addresses
-from exo_core.transport.base import (
-    PeerDisconnected,
-    Transport,
-    TransportError,
-    TransportLagged,
-    TransportMessage,
-)
+from exo_core.transport.base import Transport
 from exo_core.transport.memory import MemoryNetwork
 from exo_core.trust import card_to_run, placement_view
 from exo_core.votes import VoteBook
-from exo_core.wire import (
-    ELECTION_TOPIC,
-    EVENTS_TOPIC,
-    MAX_CATCH_UP_BYTES,
-    MAX_CATCH_UP_EVENTS,
-    Ack,
-    Campaign,
-    CatchUp,
-    ChunkBatch,
-    Diverged,
-    EventBatch,
-    FetchBody,
-    NoBody,
-    NotMaster,
-    Refused,
-    Replicated,
-    Request,
-    Response,
-    TaskBody,
-    Vote,
-    VoteRequest,
-    decode_broadcast,
-    decode_request,
-    decode_response,
-    encode,
-    encode_catch_up,
-)
+from exo_core.wire import ELECTION_TOPIC, EVENTS_TOPIC
 from exo_core.worker import Worker
 
-TELEMETRY_INTERVAL_S = 5.0
-# How long a placement waits for a just-started node's first telemetry before placing anyway.
-REPORT_WAIT_S = 30.0
-NODE_TIMEOUT_S = 30.0
-CATCH_UP_INTERVAL_S = 1.0
-# Requests one peer may have this node answer at once; more are refused (the sender retries).
-MAX_REQUESTS_IN_FLIGHT = 64
-# A refused peer message is logged once per sender in this many seconds (no log flood).
-REFUSAL_LOG_INTERVAL_S = 60.0
-
-
-class NoMaster(RuntimeError):
-    """No master answered in time (an election is running or the cluster is partitioned)."""
-
-
-class NotCommitted(TimeoutError):
-    """A command this node could not have committed: no master answered in time, or this node
-    hears no majority of the cluster (a partition cut it off). The API answers 503."""
+__all__ = ["NoMaster", "Node", "NotCommitted"]
 
 
 def _persistent_node_id(data_dir: Path) -> NodeId:
@@ -138,7 +79,8 @@ def _persistent_node_id(data_dir: Path) -> NodeId:
 
 
 class Node:
-    """A running exo node. Plugins see it as their `NodeContext`."""
+    """A running exo node. Hooks get `context` (the `NodeContext`, nothing more); the native
+    API's handlers get the node itself."""
 
     def __init__(
         self,
@@ -175,31 +117,40 @@ class Node:
         self.parsers: dict[str, ParserFactory] = {}
         for found in plugins.kept(parsers):
             self.parsers.update(found)
-        self.master: Master | None = None
-        self._master_scope: anyio.CancelScope | None = None
-        self.election = Election(
-            me=self._campaign,
-            broadcast=self._broadcast_campaign,
-            become_master=self._run_for_master,
-            follow=self._follow,
-            step_down=self._step_down,
-            timing=election_timing,
-            expect_peers=bool(config.bootstrap_peers),
-            eligible=lambda node_id: is_member(node_id, self.state),
-        )
-        self._priority = sum(plugins.results("exo_election_priority", config=config))
-        self._catch_up_wanted = anyio.Event()
-        self._report_now = anyio.Event()
-        # The catch-up in flight (made inside the loop: a CancelScope needs a running loop).
-        self._catch_up_scope: anyio.CancelScope | None = None
-        self._in_flight: Counter[str] = Counter()
-        self._refusals_logged: dict[str, float] = {}
         self._tg: TaskGroup | None = None
         self.started_at = time.time()
         self.ready = anyio.Event()
         self.replica.listen(self._observe)
-        self.generation = GenerationService(self, keepalive_s=config.keepalive_s)
         self.metrics = NodeMetrics(self)
+        refusals = RefusalLog()
+        self.campaigner = Campaigner(
+            node_id=self.node_id,
+            config=config,
+            priority=sum(plugins.results("exo_election_priority", config=config)),
+            replica=self.replica,
+            votes=self.votes,
+            transport=self.transport,
+            metrics=self.metrics,
+            timing=election_timing,
+            master_context=self._master_context,
+            sync_from=lambda peer, timeout: self.peers.sync_from(peer, timeout),
+            decode_answer=refusals.decode_answer,
+            follow=lambda: self.peers.follow_new_master(),
+            start_soon=self._start_soon,
+        )
+        self.peers = PeerProtocol(
+            node_id=self.node_id,
+            transport=self.transport,
+            replica=self.replica,
+            votes=self.votes,
+            campaigner=self.campaigner,
+            router=self.router,
+            bodies=self.bodies,
+            metrics=self.metrics,
+            refusals=refusals,
+            start_soon=self._start_soon,
+        )
+        self.generation = GenerationService(self, keepalive_s=config.keepalive_s)
         self.worker: Worker | None = None
         if config.worker:
             self.worker = Worker(
@@ -209,14 +160,38 @@ class Node:
                 downloader=self.downloader,
                 cards=self.card,
                 all_cards=self.cards,
-                send_command=self.send_command,
-                send_chunk=self.deliver_chunk,
-                fetch_body=self.fetch_body,
+                send_command=self.peers.send_command,
+                send_chunk=self.peers.deliver_chunk,
+                fetch_body=self.peers.fetch_body,
                 models_dir=config.models_dir,
                 data_dir=data,
                 card_to_run=self._card_to_run,
                 downloads=config.downloads,
             )
+        self.reporter = Reporter(
+            node_id=self.node_id,
+            config=config,
+            replica=self.replica,
+            engines=self.engines,
+            cards=self.cards,
+            runner_pids=self.worker.runner_pids if self.worker else None,
+            peers=self.transport.peers,
+            send_command=self.send_command,
+        )
+        # What the plugins see of this node (`NodeContext`), and nothing more.
+        self.context = PluginContext(
+            node_id=self.node_id,
+            config=config,
+            state=lambda: self.state,
+            started_at=self.started_at,
+            downloader=self.downloader,
+            card=self.card,
+            cards=self.cards,
+            send_command=self.send_command,
+            run_command=self.run_command,
+            download=self.download,
+            spawn=self.spawn,
+        )
 
     def _make_transport(self, data: Path) -> Transport:
         if self.config.transport != "memory":
@@ -267,7 +242,7 @@ class Node:
     def _install_cards(self, cards: dict[ModelId, ModelCard]) -> None:
         self.builtin_cards = cards
         # Placement reads what each node serves from telemetry: report it now, not in 5 s.
-        self._report_now.set()
+        self.reporter.report_now()
 
     def parser_for(self, card: ModelCard, params: GenerationParams) -> OutputParser | None:
         names = [n for n in (card.reasoning_parser, card.tool_parser) if n]
@@ -314,85 +289,44 @@ class Node:
         engines = [e for e in self.engines if e.can_serve(card)]
         return next((r for e in engines if (r := e.placement_refusal(card, option))), None)
 
-    async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
-        """Have the master run `command`; waits through elections up to `timeout` seconds."""
-        envelope = CommandEnvelope(
-            command_id=CommandId(new_id("cmd")), origin=self.node_id, command=command
-        )
-        started = time.perf_counter()
-        try:
-            with anyio.fail_after(timeout, shield=False):
-                result = await self._send_envelope(envelope)
-        except TimeoutError as e:
-            if isinstance(e, NotCommitted):
-                raise
-            raise NotCommitted(
-                f"no master answered within {timeout:g} s: the command may or may not be applied"
-            ) from e
-        self.metrics.command_duration.labels(type(command).__name__).observe(
-            time.perf_counter() - started
-        )
-        return result
-
-    async def _send_envelope(self, envelope: CommandEnvelope) -> CommandResult:
-        timing = self.election.timing
-        while True:
-            if self.master is not None:
-                return await self.master.handle(envelope)
-            # A node that has heard no majority for as long as an election takes cannot have
-            # a command committed: it says so rather than keep its client waiting.
-            cut_off = self.election.cut_off_for()
-            if cut_off >= timing.timeout + timing.settle:
-                heard, members = self.election.reach()
-                raise NotCommitted(
-                    f"this node reaches {heard} of the cluster's {members} members, not a "
-                    "majority: it cannot have commands committed until it reaches more"
-                )
-            target = self.election.master
-            if target is not None and target != self.node_id:
-                answer = await self._ask_master(target, envelope)
-                if answer is not None:
-                    return answer
-            await anyio.sleep(0.1)
-
-    async def _ask_master(self, target: NodeId, envelope: CommandEnvelope) -> CommandResult | None:
-        """The master's answer, or None: no answer, or this node was cut off from the
-        majority meanwhile (a link that died silently would keep the request waiting 10 s).
-        Asking again is safe: the master answers a command id it knows without applying it."""
-        answer: CommandResult | None = None
-        timing = self.election.timing
-
-        async def ask(scope: anyio.CancelScope) -> None:
-            nonlocal answer
-            try:
-                raw = await self.transport.request(target, encode(envelope), timeout=10)
-                decoded = self._decode_answer(target, raw)
-                answer = decoded if isinstance(decoded, CommandResult) else None
-            except TransportError as e:
-                logger.debug(f"command to master {target} failed: {e}")
-            scope.cancel()
-
-        async def give_up_when_cut_off(scope: anyio.CancelScope) -> None:
-            while self.election.cut_off_for() < timing.timeout + timing.settle:
-                await anyio.sleep(0.2)
-            scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(ask, tg.cancel_scope)
-            tg.start_soon(give_up_when_cut_off, tg.cancel_scope)
-        return answer
-
-    async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
-        if node == self.node_id:
-            self.router.deliver(chunk)
-            return
-        await self.transport.request(node, encode(ChunkBatch(chunks=(chunk,))), timeout=30)
-
     async def download(self, card: ModelCard) -> None:
         """Fetch `card`'s model to this node without running it (its worker reports progress)."""
         if self.worker is None:
             raise RuntimeError("this node runs no worker (--no-worker): it keeps no models")
         await self.worker.download(card)
+
+    # -- the parts' jobs, as tests, the API and the service reach them ----------------------
+
+    @property
+    def master(self) -> Master | None:
+        """This node's master role while it leads, else None (the campaign's)."""
+        return self.campaigner.master
+
+    @property
+    def election(self) -> Election:
+        return self.campaigner.election
+
+    async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
+        """Have the master run `command`; waits through elections up to `timeout` seconds."""
+        return await self.peers.send_command(command, timeout)
+
+    async def deliver_chunk(self, node: NodeId, chunk: Chunk) -> None:
+        await self.peers.deliver_chunk(node, chunk)
+
+    async def sync_from(self, peer: NodeId, timeout: float = 30.0) -> bool:
+        """Make our log a copy of `peer`'s (see `PeerProtocol.sync_from`)."""
+        return await self.peers.sync_from(peer, timeout)
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        return self.reporter.engine_names
+
+    def servable(self) -> tuple[ModelId, ...]:
+        return self.reporter.servable()
+
+    async def wait_reported(self, timeout: float = REPORT_WAIT_S) -> bool:
+        """Wait until this node's engines are in state (see `Reporter.wait_reported`)."""
+        return await self.reporter.wait_reported(timeout)
 
     async def run_command(self, command: Command, timeout: float = 30.0) -> CommandResult:
         """Send `command`, then wait (up to `timeout` again) until this node has applied its
@@ -402,37 +336,18 @@ class Node:
             await self.replica.wait_for(result.last_index, timeout=timeout)
         return result
 
-    async def fetch_body(self, task: Task) -> Task:
-        """A task this node runs rank 0 of, with its body from the node that holds the request."""
-        origin = task.origin_node
-        try:
-            if origin == self.node_id:
-                return with_body(task, self.bodies.lend(task.task_id, self.node_id, self.state))
-            raw = await self.transport.request(
-                origin, encode(FetchBody(task_id=task.task_id)), timeout=30
-            )
-            answer = self._decode_answer(origin, raw)
-        except TransportError as e:
-            raise BodyUnavailable(
-                f"could not fetch the request of task {task.task_id} from node {origin}: {e}"
-            ) from e
-        except BodyUnavailable as e:
-            raise BodyUnavailable(
-                f"the request of task {task.task_id} is not available: {e}"
-            ) from e
-        if isinstance(answer, TaskBody) and answer.task_id == task.task_id:
-            return with_body(task, Body(params=answer.params, image=answer.image))
-        reason = answer.reason if isinstance(answer, NoBody) else f"unexpected answer {answer!r}"
-        raise BodyUnavailable(
-            f"node {origin} did not hand over the request of task {task.task_id}: {reason}"
-        )
-
     def spawn(self, job: Job) -> None:
         """Run `job` in the background while the node runs (for plugins' hooks). A job that
         raises is logged with its plugin's name and dropped: it never stops the node."""
         if self._tg is None:
             raise RuntimeError("the node is not running")
         self._tg.start_soon(self._supervised, job)
+
+    def _start_soon(self, job: Job) -> None:
+        """Run one of the core's own jobs in the node's task group."""
+        if self._tg is None:
+            raise RuntimeError("the node is not running")
+        self._tg.start_soon(job)
 
     async def _supervised(self, job: Job) -> None:
         try:
@@ -452,14 +367,14 @@ class Node:
         try:
             async with anyio.create_task_group() as tg:
                 self._tg = tg
-                self.transport.set_request_handler(self._answer)
+                self.transport.set_request_handler(self.peers.answer)
                 await self.transport.subscribe(EVENTS_TOPIC)
                 await self.transport.subscribe(ELECTION_TOPIC)
                 # No background task ends the node by raising (see exo_core.supervise).
-                tg.start_soon(keep_running, "receiving from peers", self._receive)
+                tg.start_soon(keep_running, "receiving from peers", self.peers.receive)
                 tg.start_soon(keep_running, "the election", self.election.run)
-                tg.start_soon(keep_running, "catching up", self._catch_up_loop)
-                tg.start_soon(keep_running, "telemetry", self._telemetry_loop)
+                tg.start_soon(keep_running, "catching up", self.peers.catch_up_loop)
+                tg.start_soon(keep_running, "telemetry", self.reporter.run)
                 tg.start_soon(keep_running, "watching the models dir", self._watch_models_dir)
                 if self.worker is not None:
                     tg.start_soon(essential, "the worker", self.worker.run)
@@ -476,319 +391,6 @@ class Node:
                 self.data_lock.release()
                 logger.info(f"node {self.node_id} stopped")
 
-    async def _receive(self) -> None:
-        async for event in self.transport.events():
-            match event:
-                case TransportMessage(topic=topic, sender=sender, payload=payload):
-                    try:
-                        message = decode_broadcast(payload)
-                    except Exception as e:
-                        logger.warning(f"undecodable broadcast from {sender} on {topic}: {e}")
-                        continue
-                    if isinstance(message, Campaign):
-                        refusal = speaks_for_itself(sender, message)
-                        if refusal is not None:
-                            self._log_refusal(sender, refusal)
-                            continue
-                        self.election.observe(message)
-                    elif isinstance(message, EventBatch):
-                        self._ingest_broadcast(sender, message)
-                case PeerDisconnected(peer=peer):
-                    self.election.forget(NodeId(peer))
-                case TransportLagged(dropped=dropped):
-                    logger.warning(f"transport dropped {dropped} inbound messages; catching up")
-                    self._catch_up_wanted.set()
-                case _:
-                    pass
-
-    def _ingest_broadcast(self, sender: str, batch: EventBatch) -> None:
-        if self.master is not None or sender != self.election.master:
-            return  # only the master we follow writes our log
-        if self.election.term < self.votes.term:
-            return  # we voted for a newer term: this master is deposed
-        try:
-            outcome = self.replica.ingest(batch.events, batch.prev_term)
-        except LogWriteFailed as e:  # not acknowledged; catch-up retries once there is room
-            logger.error(str(e))
-            return
-        if outcome == Ingested.UP_TO_DATE:
-            self._learn_committed(batch)
-            self._acknowledge()
-        else:
-            self._catch_up_wanted.set()
-
-    def _learn_committed(self, batch: EventBatch) -> None:
-        """Our log matches the sender's through the batch: what it knows committed there is."""
-        if batch.events:
-            self.replica.mark_committed(min(batch.committed, batch.events[-1].index))
-
-    def _acknowledge(self) -> None:
-        """Tell the master how far our durable log matches its own (it counts a majority)."""
-        master = self.election.master
-        if master is None or master == self.node_id or self._tg is None:
-            return
-        if self.election.term < self.votes.term:
-            return  # never help a deposed master count a majority
-        index = self.replica.state.last_index
-        ack = Replicated(node_id=self.node_id, index=index, term=self.replica.term_at(index))
-
-        async def send() -> None:
-            try:
-                await self.transport.request(master, encode(ack), timeout=5)
-            except TransportError as e:
-                logger.debug(f"replication ack to {master} failed: {e}")
-
-        self._tg.start_soon(send)
-
-    async def _answer(self, sender: str, payload: bytes) -> bytes:
-        """Answer a peer's request. A payload that does not decode fails this request only
-        (the transport reports it to the sender); a peer has a bounded number in flight."""
-        if self._in_flight[sender] >= MAX_REQUESTS_IN_FLIGHT:
-            return self._refused(sender, "too many requests in flight")
-        self._in_flight[sender] += 1
-        try:
-            return await self._answer_request(sender, decode_request(payload))
-        finally:
-            self._in_flight[sender] -= 1
-            if self._in_flight[sender] <= 0:
-                del self._in_flight[sender]
-
-    async def _answer_request(self, sender: str, request: Request) -> bytes:
-        """What a peer may ask depends on who it is (see `exo_core.peer_auth`)."""
-        match request:
-            case CommandEnvelope():
-                if self.master is None:
-                    return encode(NotMaster(master=self.election.master))
-                refusal = command_refusal(sender, request, self.state)
-                if refusal is not None:
-                    self._log_refusal(sender, refusal)
-                    return encode(
-                        CommandResult(command_id=request.command_id, status=403, message=refusal)
-                    )
-                self.master.heard_from(NodeId(sender))
-                if isinstance(request.command, ReportEvents):
-                    events = tuple(e for e in request.command.events if not is_stale(e, self.state))
-                    request = msgspec.structs.replace(request, command=ReportEvents(events=events))
-                return encode(await self.master.handle(request))
-            case CatchUp(start=start, prev_term=prev_term, limit=limit):
-                if start > 0 and self.replica.term_at(start - 1) != prev_term:
-                    return encode(Diverged())
-                if start < self.replica.first_index and self.replica.snapshot is not None:
-                    return encode(self.replica.snapshot)
-                events = self.replica.log.read(start, start + min(limit, MAX_CATCH_UP_EVENTS))
-                return encode_catch_up(
-                    events, prev_term, MAX_CATCH_UP_BYTES, committed=self.replica.committed
-                )
-            case Replicated(index=index, term=term):
-                refusal = speaks_for_itself(sender, request)
-                if refusal is not None:
-                    return self._refused(sender, refusal)
-                if self.master is not None:
-                    self.master.replicated(NodeId(sender), index, term)
-                return encode(Ack())
-            case VoteRequest():
-                return encode(self._vote(request, sender))
-            case ChunkBatch(chunks=chunks):
-                for chunk in chunks:
-                    instance_id = self.router.instance_of(chunk.task_id)
-                    refusal = chunk_refusal(sender, instance_id, self.state)
-                    if refusal is not None:
-                        return self._refused(sender, refusal)
-                for chunk in chunks:
-                    self.router.deliver(chunk)
-                return encode(Ack())
-            case FetchBody(task_id=task_id):
-                try:
-                    body = self.bodies.lend(task_id, NodeId(sender), self.state)
-                except BodyUnavailable as e:
-                    return encode(NoBody(reason=str(e)))
-                return encode(TaskBody(task_id=task_id, params=body.params, image=body.image))
-            case _:
-                return self._refused(sender, f"unexpected request {type(request).__name__}")
-
-    def _refused(self, sender: str, reason: str) -> bytes:
-        self._log_refusal(sender, reason)
-        return encode(Refused(reason=reason))
-
-    def _log_refusal(self, sender: str, reason: str) -> None:
-        now = time.monotonic()
-        if (
-            now - self._refusals_logged.get(sender, -REFUSAL_LOG_INTERVAL_S)
-            >= REFUSAL_LOG_INTERVAL_S
-        ):
-            self._refusals_logged[sender] = now
-            logger.warning(f"refused a message from peer {sender}: {reason}")
-
-    def _decode_answer(self, peer: str, raw: bytes) -> Response | None:
-        """A peer's answer, or None when it is not one (a peer's bytes never end the node)."""
-        try:
-            return decode_response(raw)
-        except msgspec.DecodeError as e:
-            self._log_refusal(peer, f"undecodable answer: {e}")
-            return None
-
-    async def _catch_up_loop(self) -> None:
-        """Catch up when asked to, and at least once a second: the last broadcast before a
-        quiet spell may have been lost, and then no gap would ever show."""
-        while True:
-            with anyio.move_on_after(CATCH_UP_INTERVAL_S):
-                await self._catch_up_wanted.wait()
-            self._catch_up_wanted = anyio.Event()
-            master = self.election.master
-            following = self.master is None and master not in (None, self.node_id)
-            # Following a new master ends a catch-up from the old one (which may hang on a
-            # master that fell silent until its request times out).
-            with anyio.CancelScope() as self._catch_up_scope:
-                if following and master is not None and await self.sync_from(master):
-                    self._acknowledge()
-
-    async def sync_from(self, peer: NodeId, timeout: float = 30.0) -> bool:
-        """Make our log a copy of `peer`'s (cutting what diverges), in batches."""
-        with anyio.move_on_after(timeout):
-            while True:
-                start = self.replica.next_index
-                request = CatchUp(start=start, prev_term=self.replica.term_at(start - 1))
-                try:
-                    raw = await self.transport.request(peer, encode(request), timeout=30)
-                except TransportError as e:
-                    logger.debug(f"catch-up from {peer} failed: {e}")
-                    return False
-                answer = self._decode_answer(peer, raw)
-                if answer is None:
-                    return False
-                if isinstance(answer, Diverged):
-                    self.replica.truncate(self.replica.divergence_point())
-                    continue
-                if isinstance(answer, Snapshot):
-                    if answer.next_index <= start:
-                        return False  # nothing we miss: not an answer to our question
-                    self.replica.install(answer)
-                    continue
-                if not isinstance(answer, EventBatch) or not answer.events:
-                    return True
-                try:
-                    outcome = self.replica.ingest(answer.events, answer.prev_term)
-                except LogWriteFailed as e:
-                    logger.error(str(e))
-                    return False
-                if outcome == Ingested.DIVERGED:
-                    self.replica.truncate(self.replica.divergence_point())
-                elif outcome == Ingested.UP_TO_DATE:
-                    self._learn_committed(answer)
-        return False
-
-    # -- election -----------------------------------------------------------------------------
-
-    def _campaign(self) -> Campaign:
-        node = self.state.nodes.get(self.node_id)
-        return Campaign(
-            node_id=self.node_id,
-            term=self.master.term if self.master else self.replica.last_term,
-            force_master=self.config.force_master,
-            priority=self._priority,
-            seniority=node.joined_index if node else 1 << 62,
-            commands_seen=self.replica.next_index,
-            is_master=self.master is not None,
-            members=len({*self.state.nodes, self.node_id}),
-            voted_term=self.votes.term,
-            voted_for=self.votes.voted_for,
-        )
-
-    async def _broadcast_campaign(self, campaign: Campaign) -> None:
-        await self.transport.publish(ELECTION_TOPIC, encode(campaign))
-
-    async def _publish_events(
-        self, events: tuple[IndexedEvent, ...], prev_term: int, committed: int
-    ) -> None:
-        batch = EventBatch(events=events, prev_term=prev_term, committed=committed)
-        try:
-            await self.transport.publish(EVENTS_TOPIC, encode(batch))
-        except TransportError as e:
-            # Followers notice on their next catch-up and fetch by request.
-            logger.debug(f"event broadcast failed: {e}")
-
-    def _vote(self, request: VoteRequest, sender: str) -> Vote:
-        # A master is its own live master: it votes for nobody else while it leads.
-        live = self.node_id if self.master is not None else self.election.live_master()
-        refusal = vote_refusal(sender, request, live)
-        if refusal is not None:
-            return Vote(granted=False, reason=refusal)
-        vote = self.votes.decide(request, self.replica.last_term, self.replica.state.last_index)
-        if vote.granted and self.master is not None:
-            logger.info(f"stepping down: voted for {request.candidate} in term {request.term}")
-            self.master = None
-        return vote
-
-    async def _gather_votes(self, term: int) -> bool:
-        """Ask every peer for its vote in `term`; True with a majority of the members."""
-        me = VoteRequest(
-            term=term,
-            candidate=self.node_id,
-            last_term=self.replica.last_term,
-            last_index=self.replica.state.last_index,
-        )
-        if not self._vote(me, self.node_id).granted:
-            return False
-        granted = 1
-        members = self.election.cluster_size(self._campaign())
-
-        async def ask(peer: str) -> None:
-            nonlocal granted
-            try:
-                raw = await self.transport.request(peer, encode(me), timeout=1.0)
-            except TransportError:
-                return
-            answer = self._decode_answer(peer, raw)
-            if isinstance(answer, Vote) and answer.granted:
-                granted += 1
-                if is_majority(granted, members):
-                    # Won: a dead peer's request must not hold the failover up (the master
-                    # asks the rest for their votes in its term later).
-                    tg.cancel_scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            for peer in self.transport.peers():
-                tg.start_soon(ask, peer)
-        if not is_majority(granted, members):
-            logger.info(f"term {term}: {granted} of {members} votes, not a majority")
-            return False
-        return True
-
-    async def _run_for_master(self, term: int) -> bool:
-        won = await self._become_master(term)
-        self.metrics.campaigns.labels("won" if won else "lost").inc()
-        return won
-
-    async def _become_master(self, term: int) -> bool:
-        """Take over: catch up from the most complete log in reach, win a majority of votes,
-        then start the term."""
-        me = self._campaign()
-        # Only a member's log is worth copying (an outsider could claim any log).
-        members = [c for c in self.election.alive() if is_member(c.node_id, self.state)]
-        best = max(members, key=lambda c: (c.term, c.commands_seen), default=None)
-        if (
-            best is not None
-            and best.node_id != self.node_id
-            and (best.term, best.commands_seen)
-            > (
-                me.term,
-                me.commands_seen,
-            )
-        ):
-            logger.info(f"catching up from {best.node_id} before taking over")
-            if not await self.sync_from(best.node_id, timeout=10):
-                return False
-        if not await self._gather_votes(term):
-            return False
-        ctx = self._master_context()
-        master = Master(self.node_id, term, self.replica, ctx, self._publish_events)
-        master.known_nodes(self.state.nodes)
-        self.master = master
-        await master.start()
-        assert self._tg is not None
-        self._tg.start_soon(self._master_duties, master)
-        return True
-
     def _master_context(self) -> MasterContext:
         return MasterContext(
             card=self.card,
@@ -796,122 +398,6 @@ class Node:
             builtin=frozenset(self.builtin_cards),
             exclude_nodes=tuple(NodeId(n) for n in self.config.exclude_nodes),
         )
-
-    async def _follow(self, master: NodeId, term: int) -> None:
-        logger.info(f"following master {master} (term {term})")
-        if self._catch_up_scope is not None:
-            self._catch_up_scope.cancel()
-        self._catch_up_wanted.set()
-
-    async def _step_down(self) -> None:
-        self.master = None
-
-    async def _master_duties(self, master: Master) -> None:
-        """Time out silent nodes while this node is master, and ask for missing votes."""
-        while self.master is master:
-            await anyio.sleep(1.0)
-            await self._ask_missing_votes(master)
-            for node_id in master.silent_nodes(NODE_TIMEOUT_S, exclude=self.node_id):
-                logger.warning(f"node {node_id} unseen for {NODE_TIMEOUT_S:.0f}s: timing it out")
-                ctx = self._master_context()
-                await master.commit(decide_node_timeout(self.state, node_id, ctx))
-
-    @property
-    def engine_names(self) -> tuple[str, ...]:
-        """The engines this node runs, as its telemetry reports them (none without a worker)."""
-        if self.worker is None:
-            return ()
-        return tuple(sorted({e.name for e in self.engines if e.name}))
-
-    def reported(self) -> bool:
-        """Whether state holds this node with its engines: placement reads them from there."""
-        known = self.state.nodes.get(self.node_id)
-        return not self.engine_names or (
-            known is not None and set(self.engine_names) <= set(known.resources.engines)
-        )
-
-    async def wait_reported(self, timeout: float = REPORT_WAIT_S) -> bool:
-        """Wait until `reported()`: a node that just started answers its API before its first
-        telemetry is in state, and placing then would find no node with its engines."""
-        with anyio.move_on_after(timeout):
-            while not self.reported():
-                await self.replica.wait_change()
-            return True
-        return False
-
-    def servable(self) -> tuple[ModelId, ...]:
-        """The known models that some local engine can serve (placement asks telemetry); with
-        `--no-downloads`, of the hub's models only those already on this node's disk."""
-        on_disk = self.state.downloads.get(self.node_id, {})
-        return tuple(
-            sorted(
-                m
-                for m, card in self.cards().items()
-                if any(_serves(e, card) for e in self.engines)
-                and (self.config.downloads or not needs_fetching(card, on_disk.get(m)))
-            )
-        )
-
-    async def _ask_missing_votes(self, master: Master) -> None:
-        """A node follows a master its own vote backs (or a majority's announced votes): ask
-        those that have not voted in our term (they joined later, or were out of reach during
-        the election) for their vote."""
-        voted = {c.node_id for c in self.election.alive() if c.voted_term == master.term}
-        missing = [p for p in self.transport.peers() if p not in voted]
-        if not missing:
-            return
-        request = VoteRequest(
-            term=master.term,
-            candidate=self.node_id,
-            last_term=self.replica.last_term,
-            last_index=self.replica.state.last_index,
-        )
-
-        async def ask(peer: str) -> None:
-            with contextlib.suppress(TransportError):
-                await self.transport.request(peer, encode(request), timeout=1.0)
-
-        async with anyio.create_task_group() as tg:
-            for peer in missing:
-                tg.start_soon(ask, peer)
-
-    # -- telemetry ----------------------------------------------------------------------------
-
-    async def _telemetry_loop(self) -> None:
-        addresses = local_addresses(self.config.listen_host)
-        while True:
-            serves = self.servable() if self.worker else ()
-            resources = cap_memory(
-                gather_resources(
-                    self.config.data_dir,
-                    self.engine_names,
-                    serves,
-                    self.worker.runner_pids() if self.worker else None,
-                ),
-                self.config.max_memory,
-            )
-            report = ReportEvents(
-                events=(
-                    NodeTelemetry(
-                        node_id=self.node_id,
-                        hostname=hostname(),
-                        addresses=addresses,
-                        resources=resources,
-                        timestamp=time.time(),
-                    ),
-                    TopologyReported(
-                        node_id=self.node_id,
-                        peers=tuple(sorted(NodeId(p) for p in self.transport.peers())),
-                    ),
-                )
-            )
-            try:
-                await self.send_command(report, timeout=10)
-            except (TimeoutError, TransportError) as e:
-                logger.debug(f"telemetry not sent: {e!r}")
-            with anyio.move_on_after(TELEMETRY_INTERVAL_S):
-                await self._report_now.wait()
-            self._report_now = anyio.Event()
 
     # -- observers ------------------------------------------------------------------------------
 
@@ -931,15 +417,7 @@ class Node:
                     self.router.fail(task_id, f"the instance was deleted: {reason}")
             case _:
                 pass
-        self.plugins.notify("exo_event_applied", event=event, state=state, ctx=self)
-
-
-def _serves(engine: Engine, card: ModelCard) -> bool:
-    try:
-        return engine.can_serve(card)
-    except Exception as e:  # an engine plugin's bug: it serves nothing it fails on
-        logger.debug(f"engine {engine.name}: can_serve({card.model_id}) raised {describe(e)}")
-        return False
+        self.plugins.notify("exo_event_applied", event=event, state=state, ctx=self.context)
 
 
 def _flatten(results: list[Any]) -> list[Any]:

@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 import msgspec
@@ -37,12 +37,30 @@ from exo_core.ids import InstanceId, ModelId, NodeId, TaskId, new_id
 from exo_core.image_inputs import ImageInputError, check_images, inline_image_urls
 from exo_core.images import ImageRequest, InvalidImageRequest, validate_image_request
 from exo_core.model_cards import Capability, ModelCard, ModelTask
+from exo_core.start_model import PlacingNode
 from exo_core.state import Instance, RunnerStatus, State, Task
 from exo_core.tool_arguments import CallCoercion
 from exo_core.validation import FieldNames, ParamError, check_params
 
 if TYPE_CHECKING:
-    from exo_core.node import Node
+    from exo_core.bodies import BodyStore
+    from exo_core.chunks import ChunkRouter
+    from exo_core.metrics import NodeMetrics
+    from exo_core.parsers import OutputParser
+
+
+class ServingNode(PlacingNode, Protocol):
+    """What the generation service uses of its node (the node implements it)."""
+
+    @property
+    def node_id(self) -> NodeId: ...
+    @property
+    def router(self) -> ChunkRouter: ...
+    @property
+    def bodies(self) -> BodyStore: ...
+    @property
+    def metrics(self) -> NodeMetrics: ...
+    def parser_for(self, card: ModelCard, params: GenerationParams) -> OutputParser | None: ...
 
 
 class GenerationError(Exception):
@@ -146,7 +164,7 @@ class GenerationService:
     """The node's generation service: resolves a model id, places an instance when
     needed, runs a generation and streams its chunks, counts tokens, cancels by request id."""
 
-    def __init__(self, node: Node, keepalive_s: float = 10.0) -> None:
+    def __init__(self, node: ServingNode, keepalive_s: float = 10.0) -> None:
         self._node = node
         self._keepalive_s = keepalive_s
         self._placing: dict[ModelId, anyio.Lock] = {}

@@ -7,7 +7,7 @@ would place it (pipeline over as few nodes as fit, the master's choice of nodes)
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from loguru import logger
@@ -17,14 +17,32 @@ from exo_core.ids import InstanceId, ModelId, NodeId
 from exo_core.state import Sharding, State
 
 if TYPE_CHECKING:
-    from exo_core.node import Node
+    from exo_core.commands import Command
+    from exo_core.config import NodeConfig
+    from exo_core.model_cards import ModelCard
+    from exo_core.replica import Replica
+
+
+class PlacingNode(Protocol):
+    """What placing a model by request uses of the node (the node implements it)."""
+
+    @property
+    def config(self) -> NodeConfig: ...
+    @property
+    def state(self) -> State: ...
+    @property
+    def replica(self) -> Replica: ...
+    def card(self, model_id: str) -> ModelCard | None: ...
+    async def wait_reported(self) -> bool: ...
+    async def send_command(self, command: Command, timeout: float = 30.0) -> CommandResult: ...
+
 
 # How long `-m` waits between tries while the cluster has no master to take the command.
 RETRY_S = 5.0
 
 
 async def place_model(
-    node: Node,
+    node: PlacingNode,
     model_id: str,
     sharding: Sharding = "pipeline",
     min_nodes: int = 1,
@@ -67,7 +85,7 @@ def already_placed(state: State, model_id: str) -> bool:
     return any(i.model_id == model_id for i in state.instances.values())
 
 
-async def place_at_start(node: Node, model_id: str) -> None:
+async def place_at_start(node: PlacingNode, model_id: str) -> None:
     """`exo -m MODEL`: place MODEL once this node is in a cluster with a master, unless an
     instance of it runs already. A refusal (unknown model, no room) is logged; the node runs on."""
     while True:
@@ -93,7 +111,7 @@ async def place_at_start(node: Node, model_id: str) -> None:
         return
 
 
-async def _shows(node: Node, instance_id: InstanceId, timeout: float = 5.0) -> bool:
+async def _shows(node: PlacingNode, instance_id: InstanceId, timeout: float = 5.0) -> bool:
     """Whether this node's state holds `instance_id` within `timeout` (it may lag the master's)."""
     with anyio.move_on_after(timeout):
         while instance_id not in node.state.instances:

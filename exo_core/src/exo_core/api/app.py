@@ -29,7 +29,8 @@ def http_policy(node: Node) -> HttpPolicy:
 
 def create_app(node: Node) -> Litestar:
     contributed = [
-        (name, list(handlers)) for name, handlers in node.plugins.collect("exo_routes", ctx=node)
+        (name, list(handlers))
+        for name, handlers in node.plugins.collect("exo_routes", ctx=node.context)
     ]
     try:
         return _app(node, [*CORE_CONTROLLERS, *(h for _, hs in contributed for h in hs)])

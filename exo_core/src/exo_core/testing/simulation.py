@@ -204,7 +204,7 @@ def run_simulation(body: Callable[[], Awaitable[T]]) -> T:
     ) -> NodeResources:
         return msgspec.structs.replace(fixed, engines=engines, serves=serves, cpu_percent=0.0)
 
-    with mock.patch("exo_core.node.gather_resources", steady):
+    with mock.patch("exo_core.reporting.gather_resources", steady):
         return anyio.run(body, backend="asyncio", backend_options=virtual_time_options())
 
 

@@ -33,7 +33,12 @@ class Gemma3Vision:
     def __init__(self, model_dir: Path, config: dict[str, Any], *, tower: bool = True) -> None:
         """`tower=False`: the token layout only (a pipeline rank after the first never embeds,
         so it never loads the tower)."""
-        from mlx_vlm.models.gemma3.config import ModelConfig, TextConfig, VisionConfig
+        try:
+            from mlx_vlm.models.gemma3.config import ModelConfig, TextConfig, VisionConfig
+        except ImportError as e:  # a text-only install (mlx-vlm is the `vision` extra)
+            raise RuntimeError(
+                "vision models need mlx-vlm: pip install 'exo-engine-mlx[vision]'"
+            ) from e
 
         text = TextConfig.from_dict(config["text_config"])
         vision = VisionConfig.from_dict(config["vision_config"])
