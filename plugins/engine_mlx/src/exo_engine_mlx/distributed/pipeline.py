@@ -649,11 +649,15 @@ def split_pipeline(
 
 
 def _float_dtype(module: nn.Module) -> mx.Dtype:
-    """The dtype of the module's first floating-point parameter (not packed quantized ints).
+    """The dtype of the module's first floating-point parameter (not packed quantized ints, nor
+    a quantized layer's scales and biases: the CPU kernels keep those in the narrowest exact
+    dtype, float16 for a GGUF's, while the hidden state stays in the model's own).
 
     The hidden state between layers has this dtype; reading it from a rank's own layers keeps
     every rank agreeing once each has converted its weights the same way (e.g. to float32)."""
-    for _, value in tree_flatten(module.parameters()):
+    for name, value in tree_flatten(module.parameters()):
+        if name.rsplit(".", 1)[-1] in ("scales", "biases"):
+            continue
         if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
             return value.dtype
     raise ValueError("the layer has no floating-point parameter to take the hidden dtype from")
