@@ -494,7 +494,7 @@ def fuzz(root: Path, seed: int, keyed: bool) -> dict[str, int]:
                 tg.cancel_scope.cancel()
             await transport.stop()
             assert all(n.alive for n in cluster.nodes), "an honest node stopped"
-            await cluster.wait(cluster.converged, timeout=60)
+            await cluster.wait(cluster.converged, timeout=300)
             logs = [list(n.node.replica.log) for n in cluster.nodes]
             assert all(log == logs[0] for log in logs)
             assert forged_in(logs[0], MALLORY) == []

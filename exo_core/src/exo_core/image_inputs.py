@@ -16,9 +16,12 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
 import msgspec
+
+if TYPE_CHECKING:  # httpx (and, through its CLI, rich) only when a URL is fetched
+    import httpx
 
 from exo_core.generation import ChatMessage, GenerationParams
 
@@ -115,6 +118,8 @@ def check_images(params: GenerationParams, limits: ImageLimits | None = None) ->
 
 async def _fetch(client: httpx.AsyncClient, url: str, max_bytes: int) -> str:
     """The image at `url` as a data URL, read up to `max_bytes`."""
+    import httpx
+
     try:
         async with client.stream("GET", url) as response:
             if response.status_code != 200:
@@ -156,6 +161,8 @@ async def inline_image_urls(
             f"the request has {len(urls)} images; at most {limits.max_images} are accepted"
         )
     inlined: dict[str, str] = {}
+    import httpx
+
     async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client:
         for url in sorted(urls):
             inlined[url] = await _fetch(client, url, limits.max_bytes)
