@@ -29,11 +29,15 @@ def request_id(scope: Scope | dict[str, Any]) -> str:
 
 
 async def send_request_id(message: Message, scope: Scope) -> None:
-    """An app `before_send` hook: the request id as a header of every response."""
+    """An app `before_send` hook: the request id as a header of every response. A route that
+    names its own (a dialect's generation id, which cancels it) keeps it, under both names."""
     if message["type"] == "http.response.start":
-        rid = request_id(scope).encode()
         headers = list(message.get("headers") or [])
-        headers.extend((name, rid) for name in HEADERS)
+        present = {bytes(name).lower(): bytes(value) for name, value in headers}
+        rid = next((present[n] for n in HEADERS if n in present), None)
+        if rid is None:
+            rid = request_id(scope).encode()
+        headers.extend((name, rid) for name in HEADERS if name not in present)
         message["headers"] = headers
 
 
