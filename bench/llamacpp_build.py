@@ -40,12 +40,22 @@ CMAKE_FLAGS = [
 # With `rpc`: a second build, -DGGML_RPC=ON, whose llama-server splits a model over
 # `rpc-server`s (bench/bench_cluster_lan.py's yardstick), cached beside the first.
 RPC_CACHE = CACHE / "rpc"
+RPC_SERVER = "rpc-server"
 
 
 def cached_server(rpc: bool = False) -> Path | None:
-    """The newest already-built llama-server, without building or reaching the network."""
-    found = sorted((RPC_CACHE if rpc else CACHE).glob("*/llama-server"))
+    """The newest already-built llama-server, without building or reaching the network. The
+    RPC build's serves a single machine as well (it splits only when given `--rpc`)."""
+    found = sorted(RPC_CACHE.glob("*/llama-server"))
+    if not rpc:
+        found = sorted(CACHE.glob("*/llama-server")) or found
     return found[-1] if found else None
+
+
+def rpc_server(server: Path) -> Path | None:
+    """The rpc-server built beside an RPC build's llama-server."""
+    found = server.with_name(RPC_SERVER)
+    return found if found.exists() else None
 
 
 def _sdist_info() -> tuple[str, str, str]:
@@ -110,7 +120,10 @@ def _build(log: Path | None = None, rpc: bool = False) -> Path | None:
         return cached
     work = (RPC_CACHE if rpc else CACHE) / version
     flags = [*CMAKE_FLAGS, "-DGGML_RPC=ON"] if rpc else CMAKE_FLAGS
-    targets = ["llama-server", "rpc-server"] if rpc else ["llama-server"]
+    # (target, file name): llama.cpp's tools/rpc names its target ggml-rpc-server.
+    targets = [("llama-server", "llama-server")]
+    if rpc:
+        targets.append(("ggml-rpc-server", RPC_SERVER))
     binary = work / "llama-server"
     if binary.exists():
         return binary
@@ -139,13 +152,13 @@ def _build(log: Path | None = None, rpc: bool = False) -> Path | None:
                 stderr=subprocess.STDOUT,
             )
             subprocess.run(
-                [*cmake, "--build", str(build), "-j2", "--target", *targets],
+                [*cmake, "--build", str(build), "-j2", "--target", *(t for t, _ in targets)],
                 check=True,
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
-        for target in reversed(targets):  # llama-server last: its presence means done
-            shutil.copy2(next(build.rglob(f"bin/{target}")), work / target)
+        for target, name in reversed(targets):  # llama-server last: its presence means done
+            shutil.copy2(next(build.rglob(f"bin/{target}")), work / name)
         return binary
     except Exception as exc:
         print(f"llama.cpp: build failed ({exc}); see {log}", file=sys.stderr)

@@ -110,8 +110,12 @@ def failover(cluster: Cluster, victim: int) -> float:
 
 
 def acked_between(ops: list[Op], nodes: set[int], start: float, end: float) -> list[Op]:
+    """Writes through `nodes` sent at `start` or later and acknowledged by `end` (one sent
+    just before a partition may be committed before it and answered just after)."""
     return [
-        op for op in ops if op.acknowledged and op.node in nodes and start <= (op.end or 0) <= end
+        op
+        for op in ops
+        if op.acknowledged and op.node in nodes and start <= op.start <= (op.end or 0) <= end
     ]
 
 

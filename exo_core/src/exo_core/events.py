@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
-from exo_core.ids import InstanceId, ModelId, NodeId, TaskId
+from exo_core.ids import CommandId, InstanceId, ModelId, NodeId, TaskId
 from exo_core.model_cards import ModelCard
 from exo_core.state import (
     DownloadProgress,
@@ -112,9 +112,12 @@ Event = (
 EVENT_TYPES: tuple[type[_Event], ...] = Event.__args__  # type: ignore[attr-defined]
 
 
-class IndexedEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """An event with its place in the log. `term` is the master term that indexed it."""
+class IndexedEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """An event with its place in the log. `term` is the master term that indexed it;
+    `command_id` the command it came from (None: the master's own), so that a command
+    retried through the next master is recognised in the log and not applied twice."""
 
     index: int
     term: int
     event: Event
+    command_id: CommandId | None = None

@@ -17,7 +17,7 @@ from loguru import logger
 from exo_core.commands import CommandEnvelope, CommandResult
 from exo_core.decide import CommandRefused, MasterContext, decide
 from exo_core.eventlog import LogWriteFailed
-from exo_core.events import Event, IndexedEvent, MasterElected
+from exo_core.events import Event, IndexedEvent, InstanceCreated, MasterElected
 from exo_core.ids import CommandId, NodeId
 from exo_core.replica import Replica
 
@@ -116,11 +116,12 @@ class Master:
         async with self._lock:
             return await self._append(events)
 
-    async def _append(self, events: list[Event]) -> int:
+    async def _append(self, events: list[Event], command_id: CommandId | None = None) -> int:
         start = self._replica.next_index
         prev_term = self._replica.term_at(start - 1)
         indexed = tuple(
-            IndexedEvent(index=start + i, term=self.term, event=e) for i, e in enumerate(events)
+            IndexedEvent(index=start + i, term=self.term, event=e, command_id=command_id)
+            for i, e in enumerate(events)
         )
         self._replica.ingest(indexed, prev_term)
         self._advance()
@@ -131,7 +132,7 @@ class Master:
     async def handle(self, envelope: CommandEnvelope) -> CommandResult:
         async with self._lock:
             # A retried command is answered as before and applies nothing again.
-            result = self._results.get(envelope.command_id)
+            result = self._results.get(envelope.command_id) or self._taken_before(envelope)
             if result is None:
                 result = await self._decide(envelope)
                 self._results[envelope.command_id] = result
@@ -145,6 +146,22 @@ class Master:
             )
         return result
 
+    def _taken_before(self, envelope: CommandEnvelope) -> CommandResult | None:
+        """The result of a command an earlier master put in the log (its sender got no answer
+        and asks again, now of us): the events it made, not a second set of them."""
+        found = self._replica.command_events(envelope.command_id)
+        if found is None:
+            return None
+        first, last = found
+        created = (
+            e.event.instance.instance_id
+            for e in self._replica.log.read(first, last + 1)
+            if isinstance(e.event, InstanceCreated)
+        )
+        return CommandResult(
+            command_id=envelope.command_id, last_index=last, instance_id=next(created, None)
+        )
+
     async def _decide(self, envelope: CommandEnvelope) -> CommandResult:
         self.commands_seen += 1
         try:
@@ -152,7 +169,7 @@ class Master:
         except CommandRefused as e:
             return CommandResult(command_id=envelope.command_id, status=e.status, message=e.message)
         try:
-            last = await self._append(decision.events)
+            last = await self._append(decision.events, envelope.command_id)
         except LogWriteFailed as e:  # a full disk: refuse this command, keep serving
             return CommandResult(command_id=envelope.command_id, status=507, message=str(e))
         return CommandResult(

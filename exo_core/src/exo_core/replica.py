@@ -15,6 +15,7 @@ the tail; a peer whose log ends before ours starts receives the snapshot (`insta
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from enum import Enum
 
@@ -23,6 +24,7 @@ from loguru import logger
 
 from exo_core.eventlog import CorruptLog, EventLog
 from exo_core.events import IndexedEvent
+from exo_core.ids import CommandId
 from exo_core.reducer import apply
 from exo_core.snapshot import Snapshot, SnapshotStore
 from exo_core.state import State
@@ -30,6 +32,8 @@ from exo_core.term_history import TermHistory
 
 Listener = Callable[[IndexedEvent, State], None]
 SNAPSHOT_EVERY = 10_000
+# Commands whose events the replica remembers (a retry comes within seconds of its first send).
+REMEMBERED_COMMANDS = 10_000
 
 
 class Ingested(Enum):
@@ -59,6 +63,8 @@ class Replica:
         self._candidate: Snapshot | None = None
         self.state = State()
         self._terms = TermHistory()
+        # command id -> (first, last) index of its events, for the commands of the log's tail.
+        self._commands: OrderedDict[CommandId, tuple[int, int]] = OrderedDict()
         self._early: dict[int, tuple[IndexedEvent, int]] = {}  # index -> (event, prev term)
         self._listeners: list[Listener] = []
         self._changed = anyio.Event()
@@ -94,10 +100,25 @@ class Replica:
             state, terms = self.snapshot.state, self.snapshot.history()
         else:
             state, terms = State(), TermHistory()
+        self._commands.clear()
         for event in self.log:
             state = apply(state, event)
             terms.append(event.term)
+            self._remember_command(event)
         self.state, self._terms = state, terms
+
+    def _remember_command(self, event: IndexedEvent) -> None:
+        if (command_id := event.command_id) is None:
+            return
+        first, _ = self._commands.get(command_id, (event.index, event.index))
+        self._commands[command_id] = (first, event.index)
+        if len(self._commands) > REMEMBERED_COMMANDS:
+            self._commands.popitem(last=False)
+
+    def command_events(self, command_id: CommandId) -> tuple[int, int] | None:
+        """The first and last index of the events of the command `command_id`, if the log's
+        tail holds it: a command retried through another master than the one that took it."""
+        return self._commands.get(command_id)
 
     @property
     def next_index(self) -> int:
@@ -163,6 +184,7 @@ class Replica:
         for event in ready:
             self.state = apply(self.state, event)
             self._terms.append(event.term)
+            self._remember_command(event)
             for listener in list(self._listeners):
                 try:
                     listener(event, self.state)
@@ -206,6 +228,7 @@ class Replica:
         self.log.clear(snapshot.next_index)
         self.snapshot = snapshot
         self.state, self._terms = snapshot.state, snapshot.history()
+        self._commands.clear()
         self.committed = max(self.committed, snapshot.last_index)
         self._candidate = None
         self._early.clear()
