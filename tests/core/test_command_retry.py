@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from msgspec.msgpack import encode
 
 from exo_core.commands import CommandEnvelope, DeleteDownload
 from exo_core.decide import MasterContext
@@ -19,7 +20,6 @@ from exo_core.ids import CommandId, ModelId, NodeId
 from exo_core.master import Master
 from exo_core.replica import Replica
 from exo_core.snapshot import SnapshotStore
-from msgspec.msgpack import encode
 
 pytestmark = pytest.mark.anyio
 CTX = MasterContext(card=lambda m: None, place=lambda card, request, state: [])
