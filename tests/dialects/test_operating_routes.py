@@ -12,7 +12,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from exo_api_openai.translate import ChatStream
+from exo_api_openai.chat_answer import ChatStream
 from exo_core.events import DownloadProgressed, IndexedEvent, RunnerStatusChanged
 from exo_core.generation import KeepAliveChunk
 from exo_core.ids import InstanceId, ModelId, NodeId, RunnerId, TaskId

@@ -10,6 +10,7 @@ import pytest
 
 from exo_api_claude import translate as claude
 from exo_api_claude.types import MessagesRequest
+from exo_api_ollama import models as ollama_models
 from exo_api_ollama import translate as ollama
 from exo_api_ollama.types import ChatRequest
 from exo_api_openai import responses, translate
@@ -137,10 +138,10 @@ def test_exos_extra_knobs_on_the_responses_api_and_chat() -> None:
 
 
 def test_ollama_show_lists_the_cards_defaults_as_parameters() -> None:
-    shown = ollama.show(CARD, "2026-01-01T00:00:00Z")["parameters"].splitlines()
+    shown = ollama_models.show(CARD, "2026-01-01T00:00:00Z")["parameters"].splitlines()
     assert [line.split() for line in shown] == [
         ["temperature", "0.6"],
         ["top_p", "0.95"],
         ["top_k", "20"],
     ]
-    assert ollama.show(THINKER, "2026-01-01T00:00:00Z")["parameters"] == ""
+    assert ollama_models.show(THINKER, "2026-01-01T00:00:00Z")["parameters"] == ""

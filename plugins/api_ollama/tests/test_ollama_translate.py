@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from exo_api_ollama import translate
+from exo_api_ollama import models, translate
 from exo_api_ollama.types import ChatRequest, GenerateRequest
 from exo_core.plugin import (
     ErrorChunk,
@@ -191,9 +191,9 @@ def test_generate_lines_and_errors() -> None:
 
 
 def test_model_entries() -> None:
-    entry = translate.model_entry(ECHO, "2026-01-01T00:00:00Z")
+    entry = models.model_entry(ECHO, "2026-01-01T00:00:00Z")
     assert entry["name"] == entry["model"] == "scripted-echo"
     assert len(entry["digest"]) == 64 and entry["size"] == ECHO.storage_size_bytes
-    shown = translate.show(THINKER, "2026-01-01T00:00:00Z")
+    shown = models.show(THINKER, "2026-01-01T00:00:00Z")
     assert shown["capabilities"] == ["completion", "thinking", "tools"]
     assert shown["model_info"]["scripted.block_count"] == THINKER.n_layers

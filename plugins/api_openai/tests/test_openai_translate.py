@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from exo_api_openai import responses, translate
+from exo_api_openai import chat_answer, responses, translate
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
 from exo_core.plugin import (
     Chunk,
@@ -172,7 +172,7 @@ def test_chat_refusals(body: dict[str, Any]) -> None:
 
 
 def test_chat_stream_frames() -> None:
-    s = translate.ChatStream("m", include_usage=True)
+    s = chat_answer.ChatStream("m", include_usage=True)
     frames = s.start()
     for c in [
         ThinkingChunk(task_id=T, text="hm"),
@@ -205,7 +205,7 @@ def test_chat_stream_frames() -> None:
 
 
 def test_chat_stream_errors_in_band() -> None:
-    s = translate.ChatStream("m")
+    s = chat_answer.ChatStream("m")
     frames = s.feed(ErrorChunk(task_id=T, message="boom"))
     assert _data(frames[:1])[0]["error"]["message"] == "boom"
     assert frames[-1] == "data: [DONE]\n\n"
@@ -220,16 +220,16 @@ def test_chat_completion_object() -> None:
         TextChunk(task_id=T, text="b"),
         FinishChunk(task_id=T, finish_reason=FinishReason.LENGTH, usage=USAGE),
     ]
-    result = translate.completion("m", chunks)
+    result = chat_answer.completion("m", chunks)
     choice = result["choices"][0]
     assert choice["message"]["content"] == "ab" and choice["message"]["reasoning_content"] == "hm"
     assert choice["finish_reason"] == "length" and choice["logprobs"] is None
     assert result["usage"]["total_tokens"] == 7
     assert result["usage"]["completion_tokens_details"] == {"reasoning_tokens": 1}
     with pytest.raises(GenerationFailed, match=r"^x$"):
-        translate.completion("m", [ErrorChunk(task_id=T, message="x")])
+        chat_answer.completion("m", [ErrorChunk(task_id=T, message="x")])
     with pytest.raises(GenerationFailed, match="without finishing"):
-        translate.completion("m", chunks[:1])
+        chat_answer.completion("m", chunks[:1])
 
 
 def test_responses_input_items() -> None:

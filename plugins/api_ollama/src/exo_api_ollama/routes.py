@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 from litestar import Response, Router, get, head, post
 
-from exo_api_ollama import translate
+from exo_api_ollama import models, translate
 from exo_api_ollama.types import ChatRequest, GenerateRequest, ShowRequest
 from exo_core.plugin import (
     Chunk,
@@ -134,14 +134,14 @@ async def tags_alias(node: InjectedNode) -> dict[str, Any]:
 def _tags(node: NodeContext) -> dict[str, Any]:
     when = _modified_at(node)
     cards = sorted(node.cards().values(), key=lambda c: c.model_id)
-    return {"models": [translate.model_entry(c, when) for c in cards]}
+    return {"models": [models.model_entry(c, when) for c in cards]}
 
 
 @get(_paths("/ps"))
 async def running(node: InjectedNode) -> dict[str, Any]:
     ids = sorted({i.model_id for i in node.state.instances.values()})
     cards = [card for card in (node.card(i) for i in ids) if card is not None]
-    return {"models": [translate.running_entry(c) for c in cards]}
+    return {"models": [models.running_entry(c) for c in cards]}
 
 
 @post(_paths("/show"), status_code=200, dependencies=documented_body(ShowRequest))
@@ -152,7 +152,7 @@ async def show(
     name = req.model or req.name
     if not name:
         raise InvalidRequest("model is required")
-    return translate.show(_resolve(generation, name), _modified_at(node))
+    return models.show(_resolve(generation, name), _modified_at(node))
 
 
 @get(_paths("/version"))

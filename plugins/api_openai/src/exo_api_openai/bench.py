@@ -27,7 +27,7 @@ import msgspec
 from litestar import Response, Router, post
 from litestar.enums import RequestEncodingType
 
-from exo_api_openai import images, translate
+from exo_api_openai import chat_answer, images, translate
 from exo_api_openai.translate import api_error
 from exo_api_openai.types import ChatCompletionRequest
 from exo_core.plugin import (
@@ -192,7 +192,9 @@ async def bench_chat_completions(
     chunks = await generation.generate(req.model, params, request_id=completion_id)
 
     def build(collected: list[Chunk]) -> dict[str, Any]:
-        body = translate.completion(req.model, collected, completion_id)  # raises without a finish
+        body = chat_answer.completion(
+            req.model, collected, completion_id
+        )  # raises without a finish
         finish = next(c for c in collected if isinstance(c, FinishChunk))
         return {**body, "generation_stats": generation_stats(finish.usage)}
 

@@ -11,7 +11,7 @@ from litestar.exceptions import NotFoundException
 from litestar.params import FromPath
 from litestar.response import File
 
-from exo_api_openai import images, responses, translate
+from exo_api_openai import chat_answer, images, responses, translate
 from exo_api_openai.images import MEDIA_TYPES
 from exo_api_openai.translate import api_error
 from exo_api_openai.types import ChatCompletionRequest, ResponsesRequest
@@ -79,10 +79,12 @@ async def chat_completions(request: AnyRequest, generation: InjectedGeneration) 
     )
     if req.stream:
         usage = req.stream_options is not None and req.stream_options.include_usage
-        stream = translate.ChatStream(req.model, include_usage=usage, completion_id=completion_id)
+        stream = chat_answer.ChatStream(req.model, include_usage=usage, completion_id=completion_id)
         return sse(stream, chunks)
     return await answer(
-        request, chunks, lambda collected: translate.completion(req.model, collected, completion_id)
+        request,
+        chunks,
+        lambda collected: chat_answer.completion(req.model, collected, completion_id),
     )
 
 
