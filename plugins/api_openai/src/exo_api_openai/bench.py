@@ -137,11 +137,8 @@ async def bench_image_generations(
 async def bench_image_edits(
     request: AnyRequest, generation: InjectedGeneration, node: InjectedNode
 ) -> Response[Any]:
-    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
-        raise InvalidRequest("an edit is a multipart/form-data upload with the image")
-    form = (await request.form()).dict()
-    req = images.form_request(form)
-    return await _bench(request, generation, node, req, await images.upload_bytes(form))
+    req, upload = await images.edit_request(request)
+    return await _bench(request, generation, node, req, upload)
 
 
 IMAGE_HANDLERS = [bench_image_generations, bench_image_edits]

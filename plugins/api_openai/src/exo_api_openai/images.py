@@ -35,7 +35,7 @@ from exo_core.plugin import (
     KeepAliveChunk,
     ProgressChunk,
 )
-from exo_core.plugin.dialect import GenerationFailed, answered
+from exo_core.plugin.dialect import AnyRequest, GenerationFailed, answered
 from exo_core.plugin.images import ImageRequest, InvalidImageRequest, parse_size
 
 MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
@@ -254,6 +254,14 @@ async def upload_bytes(form: dict[str, list[Any]]) -> bytes:
     if not data.startswith(_IMAGE_MAGIC):
         raise InvalidRequest("image must be a PNG, JPEG or WebP file")
     return data
+
+
+async def edit_request(request: AnyRequest) -> tuple[ImagesRequest, bytes]:
+    """An edit's multipart upload: its fields as an `ImagesRequest`, and the image's bytes."""
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise InvalidRequest("an edit is a multipart/form-data upload with the image")
+    form = (await request.form()).dict()
+    return form_request(form), await upload_bytes(form)
 
 
 # -- answers --------------------------------------------------------------------------------------

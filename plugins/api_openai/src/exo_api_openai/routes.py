@@ -19,7 +19,6 @@ from exo_core.plugin import (
     GenerationService,
     InjectedGeneration,
     InjectedNode,
-    InvalidRequest,
     ModelCard,
     ModelNotFound,
     NodeContext,
@@ -120,12 +119,8 @@ async def create_images(
 async def edit_images(
     request: AnyRequest, generation: InjectedGeneration, node: InjectedNode
 ) -> Response[Any]:
-    content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
-        raise InvalidRequest("an edit is a multipart/form-data upload with the image")
-    form = (await request.form()).dict()
-    req = images.form_request(form)
-    return await _images(request, generation, node, req, await images.upload_bytes(form))
+    req, upload = await images.edit_request(request)
+    return await _images(request, generation, node, req, upload)
 
 
 async def _images(
