@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from exo_core.plugin import (
@@ -78,9 +79,24 @@ def test_refusals_name_the_reason(
 
 
 def test_families_the_engine_cannot_run_are_refused() -> None:
-    card = load_card_file(CARDS / "Qwen--Qwen-Image.toml")
-    with pytest.raises(PlacementRefused, match="does not run the model family 'qwen-image'"):
+    card = msgspec.structs.replace(_schnell(), family="sdxl", model_type="sdxl")
+    with pytest.raises(PlacementRefused, match="does not run the model family 'sdxl'"):
         place_image_model(card, _request(card), _state(_node("a", 500)))
+
+
+@pytest.mark.parametrize("name", ["Qwen--Qwen-Image.toml", "Qwen--Qwen-Image-Edit.toml"])
+def test_qwen_image_runs_on_one_node_and_a_split_is_refused_with_the_reason(name: str) -> None:
+    from exo_engine_mflux.engine import MfluxEngine
+
+    card = load_card_file(CARDS / name)
+    assert MfluxEngine().can_serve(card)
+    (option,) = place_image_model(card, _request(card), _state(_node("a", 500)))
+    assert option.node_ids == (NodeId("a"),)
+    two = _state(_node("a", 500), _node("b", 500))
+    with pytest.raises(PlacementRefused, match="does not split the qwen-image"):
+        place_image_model(card, _request(card, min_nodes=2), two)
+    with pytest.raises(PlacementRefused, match="does not split"):
+        place_image_model(card, _request(card), _state(_node("a", 80), _node("b", 80)))
 
 
 def _transformer_blocks(option_shares: object) -> list[tuple[int, int]]:
