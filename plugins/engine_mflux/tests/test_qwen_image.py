@@ -16,8 +16,6 @@ from exo_core.testing.processes import exo_processes, wait_until
 
 from .conftest import SIZE, ImageNode, link_model, models, png_bytes
 
-pytestmark = pytest.mark.slow
-
 QWEN = "tiny-qwen-image"
 QWEN_EDIT = "tiny-qwen-image-edit"
 FAST = {"seed": 5, "num_inference_steps": 2}
@@ -58,6 +56,20 @@ def test_tiny_qwen_image_generates_and_the_prompt_changes_the_image(qwen_node: I
     cat = generate("a red cat on a roof")
     assert generate("a red cat on a roof") == cat  # the seed repeats the image
     assert generate("a green boat at sea") != cat  # the text encoder's output is used
+    # A partial image decodes Qwen's latents mid-way (Qwen's VAE, not FLUX's).
+    stream = client.images.generate(
+        model=QWEN,
+        prompt="a red cat on a roof",
+        size=SIZE,
+        stream=True,
+        partial_images=1,
+        extra_body={"advanced_params": FAST},
+    )
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds.count("image_generation.partial_image") == 1
+    assert kinds[-1] == "image_generation.completed"
+    assert _png(events[-1].b64_json).tobytes() == cat
     with pytest.raises(openai.BadRequestError, match="does not edit images"):
         client.images.edit(
             model=QWEN, image=("in.png", png_bytes(), "image/png"), prompt="x", size=SIZE
