@@ -119,7 +119,7 @@ def test_exolabs_quantized_flux_is_an_image_model_the_image_engine_places(
         ("exolabs/Qwen-Image-Edit-2509", "qwen-image-edit", ModelTask.IMAGE_EDIT),
     ],
 )
-def test_exo_qwen_image_cards_use_cfg_and_are_placed_on_one_node(
+def test_exo_qwen_image_cards_use_cfg_and_are_placed_whole_or_split(
     cards: dict[str, ModelCard], model_id: str, model_type: str, task: ModelTask
 ) -> None:
     card = cards[model_id]
@@ -129,8 +129,8 @@ def test_exo_qwen_image_cards_use_cfg_and_are_placed_on_one_node(
     request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=1)
     assert place_image_model(card, request, nodes_with_free_memory((100,), engines=("mflux",)))
     split = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
-    with pytest.raises(PlacementRefused, match="does not split"):
-        place_image_model(card, split, nodes_with_free_memory((100, 100), engines=("mflux",)))
+    (option,) = place_image_model(card, split, nodes_with_free_memory((100, 100), ("mflux",)))
+    assert len(option.shares) == 2
 
 
 def test_our_card_wins_and_exo_fills_in_what_it_leaves_out(

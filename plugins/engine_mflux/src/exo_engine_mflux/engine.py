@@ -28,17 +28,8 @@ def image_runner_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-# Families whose transformer the runner cannot split yet (`split.py` splits FLUX.1's).
-UNSPLIT_FAMILIES = frozenset({"qwen-image", "qwen-image-edit"})
-
-
 def split_refusal(card: ModelCard, ranks: int) -> str | None:
     """Why `card`'s transformer cannot be split over `ranks` ranks, or None."""
-    if pipeline_family(card) in UNSPLIT_FAMILIES:
-        return (
-            f"{card.model_id} runs on one node: the image engine does not split the "
-            f"{pipeline_family(card)} transformer over nodes yet"
-        )
     splittable = [c for c in card.components if c.splittable]
     if not splittable:
         return f"{card.model_id} has no component whose blocks can be split over nodes"

@@ -6,10 +6,12 @@ Imported only in the runner subprocess (it imports MLX and mflux).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,5 +251,24 @@ def generate(
                 # A text-to-image model edits by image-to-image: denoise from the input.
                 kwargs["image_path"] = image_path
                 kwargs["image_strength"] = IMG2IMG_STRENGTH
-        result = model.generate_image(**kwargs)
+        with _one_step_schedule(model, steps):
+            result = model.generate_image(**kwargs)
     return result.image
+
+
+@contextmanager
+def _one_step_schedule(model: Any, steps: int) -> Iterator[None]:
+    """Qwen-Image's schedule stretches its sigmas to a terminal value, dividing by one minus
+    the last sigma: 0 when there is one step (mflux's linear scheduler), so the latents are
+    NaN and the image black. One step goes from sigma 1 to 0 and needs no stretch."""
+    config = model.model_config
+    if steps != 1 or getattr(config, "sigma_shift_terminal", None) is None:
+        yield
+        return
+    one_step = copy.copy(config)
+    one_step.sigma_shift_terminal = None
+    model.model_config = one_step
+    try:
+        yield
+    finally:
+        model.model_config = config
