@@ -29,8 +29,9 @@ def qwen_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ImageNode]:
     root = tmp_path_factory.mktemp("qwen-node")
     link_model(root / "node0", write_tiny_qwen_with_card(written / QWEN, QWEN))
     link_model(root / "node0", write_tiny_qwen_with_card(written / QWEN_EDIT, QWEN_EDIT, edit=True))
-    env = {"EXO_RUNNER_WARMUP": "0"}
-    with exo_processes(root, 1, extra_args=[["--transport", "memory"]], env=env) as (node,):
+    # The runners warm up (as by default) before the first request: the edit model with an
+    # image.
+    with exo_processes(root, 1, extra_args=[["--transport", "memory"]]) as (node,):
         wait_until(lambda: {QWEN, QWEN_EDIT} <= models(node.url), timeout=60)
         yield ImageNode(url=node.url, data_dir=node.data_dir, log_path=node.log_path)
 
