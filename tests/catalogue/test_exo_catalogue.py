@@ -112,16 +112,25 @@ def test_exolabs_quantized_flux_is_an_image_model_the_image_engine_places(
     assert place_image_model(card, request, state)
 
 
-def test_exo_qwen_image_uses_cfg_and_is_refused_with_the_reason(
-    cards: dict[str, ModelCard],
+@pytest.mark.parametrize(
+    ("model_id", "model_type", "task"),
+    [
+        ("exolabs/Qwen-Image", "qwen-image", ModelTask.IMAGE_GENERATION),
+        ("exolabs/Qwen-Image-Edit-2509", "qwen-image-edit", ModelTask.IMAGE_EDIT),
+    ],
+)
+def test_exo_qwen_image_cards_use_cfg_and_are_placed_whole_or_split(
+    cards: dict[str, ModelCard], model_id: str, model_type: str, task: ModelTask
 ) -> None:
-    card = cards["exolabs/Qwen-Image"]
-    assert card.uses_cfg and card.family == "qwen-image"
-    assert not MfluxEngine().can_serve(card)
-    state = nodes_with_free_memory((100,), engines=("mflux",))
+    card = cards[model_id]
+    assert card.uses_cfg and card.family == "qwen-image" and card.model_type == model_type
+    assert card.tasks == (task,)
+    assert MfluxEngine().can_serve(card)
     request = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=1)
-    with pytest.raises(PlacementRefused, match="does not run the model family 'qwen-image'"):
-        place_image_model(card, request, state)
+    assert place_image_model(card, request, nodes_with_free_memory((100,), engines=("mflux",)))
+    split = PlacementRequest(model_id=card.model_id, sharding="pipeline", min_nodes=2)
+    (option,) = place_image_model(card, split, nodes_with_free_memory((100, 100), ("mflux",)))
+    assert len(option.shares) == 2
 
 
 def test_our_card_wins_and_exo_fills_in_what_it_leaves_out(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from exo_core.plugin import (
@@ -78,9 +79,22 @@ def test_refusals_name_the_reason(
 
 
 def test_families_the_engine_cannot_run_are_refused() -> None:
-    card = load_card_file(CARDS / "Qwen--Qwen-Image.toml")
-    with pytest.raises(PlacementRefused, match="does not run the model family 'qwen-image'"):
+    card = msgspec.structs.replace(_schnell(), family="sdxl", model_type="sdxl")
+    with pytest.raises(PlacementRefused, match="does not run the model family 'sdxl'"):
         place_image_model(card, _request(card), _state(_node("a", 500)))
+
+
+@pytest.mark.parametrize("name", ["Qwen--Qwen-Image.toml", "Qwen--Qwen-Image-Edit.toml"])
+def test_qwen_image_runs_on_one_node_or_its_transformer_split(name: str) -> None:
+    from exo_engine_mflux.engine import MfluxEngine
+
+    card = load_card_file(CARDS / name)
+    assert MfluxEngine().can_serve(card)
+    (option,) = place_image_model(card, _request(card), _state(_node("a", 500)))
+    assert option.node_ids == (NodeId("a"),)
+    # 115 GB in fp32: two 80 GB nodes hold it split, its 60 blocks 30 each.
+    (split,) = place_image_model(card, _request(card), _state(_node("a", 80), _node("b", 80)))
+    assert _transformer_blocks(split.shares) == [(0, 30), (30, 60)]
 
 
 def _transformer_blocks(option_shares: object) -> list[tuple[int, int]]:

@@ -29,6 +29,7 @@ from .conftest import link_model
 pytestmark = pytest.mark.slow
 
 MODEL_ID = "tiny-split-flux"
+QWEN = "tiny-split-qwen-image"  # two blocks, one for each rank
 BODY = {
     "model": MODEL_ID,
     "prompt": "a lighthouse on 7f3k",
@@ -40,20 +41,23 @@ BODY = {
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]]:
     from exo_engine_mflux.tiny_model import write_tiny_model_with_card
+    from exo_engine_mflux.tiny_qwen import write_tiny_qwen_with_card
 
     root = tmp_path_factory.mktemp("split-exo")
     # Two single blocks: one for each rank (a joint block would double the size).
     model = write_tiny_model_with_card(root / "models" / MODEL_ID, MODEL_ID, single_blocks=2)
+    qwen = write_tiny_qwen_with_card(root / "models" / QWEN, QWEN)
     for i in range(2):
         link_model(root / f"node{i}", model)
+        link_model(root / f"node{i}", qwen)
     env = {"EXO_RUNNER_WARMUP": "0"}
     with exo_processes(root, 2, extra_args=[["--no-auto-place"]] * 2, env=env) as started:
         wait_joined(started, engine="mflux")
         yield started
 
 
-def _place(node: ExoProcess, min_nodes: int) -> str:
-    body = {"model_id": MODEL_ID, "min_nodes": min_nodes}
+def _place(node: ExoProcess, min_nodes: int, model: str = MODEL_ID) -> str:
+    body = {"model_id": model, "min_nodes": min_nodes}
     created = httpx.post(f"{node.url}/instance", json=body, timeout=60)
     assert created.status_code == 201, created.text
     instance_id = str(created.json()["instance_id"])
@@ -70,8 +74,8 @@ def _delete(node: ExoProcess, instance_id: str) -> None:
     wait_until(lambda: instance_id not in node.state()["instances"], timeout=60)
 
 
-def _pixels(node: ExoProcess, seed: int) -> np.ndarray:
-    body = {**BODY, "advanced_params": {"seed": seed, "num_inference_steps": 1}}
+def _pixels(node: ExoProcess, seed: int, model: str = MODEL_ID) -> np.ndarray:
+    body = {**BODY, "model": model, "advanced_params": {"seed": seed, "num_inference_steps": 1}}
     reply = httpx.post(f"{node.url}/v1/images/generations", json=body, timeout=180)
     assert reply.status_code == 200, reply.text
     data = base64.b64decode(reply.json()["data"][0]["b64_json"])
@@ -116,5 +120,21 @@ def test_two_ranks_give_one_nodes_image_and_a_cancel_stops_both(
         assert "rank 0 of 2 holds transformer blocks [0, 1)" in logs
         assert "rank 1 of 2 holds transformer blocks [1, 2)" in logs
         assert str(BODY["prompt"]) not in events_text(first.url)
+    finally:
+        _delete(first, split)
+
+
+def test_two_ranks_of_qwen_image_give_one_nodes_image(nodes: list[ExoProcess]) -> None:
+    """Qwen-Image's joint blocks split as FLUX.1's do (`SplitQwenTransformer`), its true CFG's
+    two passes a step included."""
+    first, second = nodes
+    single = _place(first, 1, QWEN)
+    reference = _pixels(first, seed=7, model=QWEN)
+    _delete(first, single)
+    assert reference.shape == (64, 64, 3) and reference.std() > 0
+    split = _place(first, 2, QWEN)
+    try:
+        assert np.abs(_pixels(second, seed=7, model=QWEN) - reference).max() <= 2
+        assert np.abs(_pixels(first, seed=8, model=QWEN) - reference).max() > 2
     finally:
         _delete(first, split)

@@ -47,16 +47,44 @@ def local_flux_card(
 
     A text-to-image FLUX.1 model also edits (image to image from the upload)."""
     tasks = (ModelTask.IMAGE_GENERATION, *((ModelTask.IMAGE_EDIT,) if edits else ()))
+    return local_image_card(
+        model_dir,
+        model_id,
+        sizes,
+        blocks=blocks,
+        family=family,
+        tasks=tasks,
+        hidden_size=3072,
+        quantization=quantization,
+    )
+
+
+def local_image_card(
+    model_dir: Path,
+    model_id: str,
+    sizes: dict[str, int],
+    *,
+    blocks: int,
+    family: str,
+    tasks: tuple[ModelTask, ...],
+    hidden_size: int,
+    quantization: str = "bf16",
+    uses_cfg: bool = False,
+) -> ModelCard:
+    """A card for an image model at `model_dir`: its components (the transformer's `blocks`
+    are the part a split divides), the image tasks it serves, and whether it runs
+    classifier-free guidance (two transformer passes a step, as exo's cards say)."""
     return ModelCard(
         model_id=ModelId(model_id),
         family=family,
         n_layers=blocks,
-        hidden_size=3072,
+        hidden_size=hidden_size,
         storage_size_bytes=sum(sizes.values()),
         quantization=quantization,
         tasks=tasks,
         capabilities=(),
         source=f"local:{model_dir}",
+        uses_cfg=uses_cfg,
         components=tuple(
             ModelComponent(
                 name=name,

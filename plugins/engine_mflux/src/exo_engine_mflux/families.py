@@ -5,7 +5,16 @@ from __future__ import annotations
 from exo_core.plugin import ModelCard
 
 # Families the runner knows (see `pipeline.FAMILIES`; kept here so the node never imports mflux).
-FAMILIES = frozenset({"flux1-schnell", "flux1-dev", "flux1-krea-dev", "flux1-kontext-dev"})
+FAMILIES = frozenset(
+    {
+        "flux1-schnell",
+        "flux1-dev",
+        "flux1-krea-dev",
+        "flux1-kontext-dev",
+        "qwen-image",
+        "qwen-image-edit",
+    }
+)
 
 
 def pipeline_family(card: ModelCard) -> str:

@@ -6,10 +6,12 @@ Imported only in the runner subprocess (it imports MLX and mflux).
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +22,18 @@ from PIL import Image
 from exo_core.plugin.images import ImageFormat
 
 # The card's family -> (mflux model class, mflux model config name, default steps, guidance).
+# Qwen-Image's steps and guidance are exo's (its "medium" quality).
 FAMILIES: dict[str, tuple[str, str, int, float]] = {
     "flux1-schnell": ("txt2img", "schnell", 4, 0.0),
     "flux1-dev": ("txt2img", "dev", 25, 3.5),
     "flux1-krea-dev": ("txt2img", "krea-dev", 25, 4.5),
     "flux1-kontext-dev": ("kontext", "dev-kontext", 25, 2.5),
+    "qwen-image": ("qwen", "qwen-image", 25, 3.5),
+    "qwen-image-edit": ("qwen-edit", "qwen-image-edit", 25, 3.5),
 }
+# Model classes that edit the uploaded image itself (the others denoise from it, img2img).
+EDIT_KINDS = frozenset({"kontext", "qwen-edit"})
+QWEN_KINDS = frozenset({"qwen", "qwen-edit"})
 
 
 # How much of the input image an image-to-image edit keeps (mflux's `image_strength`).
@@ -53,8 +61,12 @@ class LoadedModel:
     default_guidance: float
 
     @property
+    def kind(self) -> str:
+        return FAMILIES[self.family][0]
+
+    @property
     def edits(self) -> bool:
-        return FAMILIES[self.family][0] == "kontext"
+        return self.kind in EDIT_KINDS
 
 
 def _use_fp32() -> None:
@@ -119,6 +131,12 @@ def load(family: str, path: Path) -> LoadedModel:
     from mflux.models.common.config.model_config import ModelConfig
 
     kind, config_name, steps, guidance = FAMILIES[family]
+    if kind in QWEN_KINDS:
+        from exo_engine_mflux.qwen import load_qwen
+
+        qwen = load_qwen(path, config_name, edits=kind == "qwen-edit")
+        _to_fp32(qwen)
+        return LoadedModel(family, qwen, default_steps=steps, default_guidance=guidance)
     config = ModelConfig.from_name(model_name=config_name, base_model=None)
     if kind == "kontext":
         from mflux.models.flux.variants.kontext.flux_kontext import Flux1Kontext
@@ -218,14 +236,39 @@ def generate(
             "width": width,
             "guidance": guidance,
         }
-        if loaded.edits:
+        if loaded.kind == "qwen-edit":
+            if image_path is None:
+                raise ValueError("Qwen-Image-Edit edits an image: send one to the edits route")
+            kwargs["image_paths"] = [image_path]
+            kwargs["negative_prompt"] = negative_prompt
+        elif loaded.edits:
             kwargs["image_path"] = image_path
         else:
-            # FLUX.1 has no true classifier-free guidance: mflux accepts and ignores it.
+            # Qwen-Image guides by the negative prompt (true CFG, two transformer passes a
+            # step); FLUX.1 has no true classifier-free guidance: mflux accepts and ignores it.
             kwargs["negative_prompt"] = negative_prompt
             if image_path is not None:
                 # A text-to-image model edits by image-to-image: denoise from the input.
                 kwargs["image_path"] = image_path
                 kwargs["image_strength"] = IMG2IMG_STRENGTH
-        result = model.generate_image(**kwargs)
+        with _one_step_schedule(model, steps):
+            result = model.generate_image(**kwargs)
     return result.image
+
+
+@contextmanager
+def _one_step_schedule(model: Any, steps: int) -> Iterator[None]:
+    """Qwen-Image's schedule stretches its sigmas to a terminal value, dividing by one minus
+    the last sigma: 0 when there is one step (mflux's linear scheduler), so the latents are
+    NaN and the image black. One step goes from sigma 1 to 0 and needs no stretch."""
+    config = model.model_config
+    if steps != 1 or getattr(config, "sigma_shift_terminal", None) is None:
+        yield
+        return
+    one_step = copy.copy(config)
+    one_step.sigma_shift_terminal = None
+    model.model_config = one_step
+    try:
+        yield
+    finally:
+        model.model_config = config

@@ -163,9 +163,13 @@ def run_request(
 
 
 def _warm_up(loaded: object) -> None:
+    from PIL import Image
+
     from exo_engine_mflux import pipeline
 
     assert isinstance(loaded, pipeline.LoadedModel)
+    # An edit model edits an image: a blank one (Qwen-Image-Edit refuses to run without).
+    blank = Image.new("RGB", (64, 64), (128, 128, 128))
     pipeline.generate(
         loaded,
         prompt="warm up",
@@ -175,7 +179,7 @@ def _warm_up(loaded: object) -> None:
         steps=1,
         guidance=loaded.default_guidance,
         negative_prompt=None,
-        input_image=None,
+        input_image=pipeline.encode_image(blank, "png", 100) if loaded.edits else None,
         on_step=lambda step: None,
     )
 

@@ -1,4 +1,5 @@
-"""A small random-weight FLUX.1 model in mflux's own saved layout, for tests and benchmarks.
+"""A small random-weight FLUX.1 model in mflux's own saved layout, for tests and benchmarks
+(`--family qwen-image` / `qwen-image-edit`: `tiny_qwen`'s).
 
 There are no image weights on the test machines, so this writes what `mflux-save` would write
 (one directory per component, safetensors shards carrying `mflux_version` metadata, and the
@@ -11,6 +12,7 @@ encoders keep only what the engine loads (see `pipeline._trim_encoders`); the VA
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -85,7 +87,7 @@ def _write_tokenizers(root: Path, t5_max_length: int) -> tuple[int, int]:
     return int(clip["size"]), len(vocab)  # type: ignore[arg-type]
 
 
-def _save_component(root: Path, subdir: str, params: dict[str, mx.array]) -> int:
+def save_component(root: Path, subdir: str, params: dict[str, mx.array]) -> int:
     path = root / subdir
     path.mkdir(parents=True, exist_ok=True)
     meta = {"quantization_level": "None", "mflux_version": MFLUX_VERSION}
@@ -95,17 +97,22 @@ def _save_component(root: Path, subdir: str, params: dict[str, mx.array]) -> int
     return sum(v.nbytes for v in params.values())
 
 
-def _randomized(params: dict[str, mx.array], seed: int, scale: float = 0.02) -> dict[str, mx.array]:
+def randomized(
+    params: dict[str, mx.array],
+    seed: int,
+    scale: float = 0.02,
+    is_scale: Callable[[str, mx.array], bool] | None = None,
+) -> dict[str, mx.array]:
     """Small random weights (norm scales stay 1): the activations neither vanish nor explode.
 
-    Stored in bf16, as hub weights are (half the bytes to write); the engine runs them in fp32."""
+    1-D weights are taken for norm scales, and so is any tensor `is_scale` names. Stored in bf16, as hub weights are (half the bytes to write); the engine runs them in fp32."""
     # Drawing 300M normal values costs ~1 min on two busy cores: values are cut from one
     # pool of 1M draws instead, at a different offset for each tensor.
     rng = np.random.default_rng(seed)
     pool = rng.standard_normal(1 << 20, dtype=np.float32) * scale
     out: dict[str, mx.array] = {}
     for name, value in sorted(params.items()):
-        if value.ndim == 1:
+        if value.ndim == 1 or (is_scale is not None and is_scale(name, value)):
             out[name] = mx.ones(value.shape) if name.endswith("weight") else mx.zeros(value.shape)
         else:
             shifted = np.roll(pool, int(rng.integers(pool.size)))
@@ -159,11 +166,11 @@ def write_tiny_flux(
 
     # Modules are built lazily by MLX: parameters left out below are never materialized.
     transformer = Transformer(config, joint_blocks, single_blocks)
-    sizes["transformer"] = _save_component(
-        root, "transformer", _randomized(dict(tree_flatten(transformer.parameters())), seed)
+    sizes["transformer"] = save_component(
+        root, "transformer", randomized(dict(tree_flatten(transformer.parameters())), seed)
     )
     vae = _narrow_vae(dict(tree_flatten(VAE().parameters())), vae_shrink)
-    sizes["vae"] = _save_component(root, "vae", _randomized(vae, seed + 1))
+    sizes["vae"] = save_component(root, "vae", randomized(vae, seed + 1))
 
     clip = dict(tree_flatten(CLIPEncoder().parameters()))
     clip = {
@@ -172,7 +179,7 @@ def write_tiny_flux(
         if not k.startswith("text_model.encoder.layers.") or int(k.split(".")[3]) < clip_layers
     }
     clip["text_model.embeddings.token_embedding.weight"] = mx.zeros((clip_vocab, 768))
-    sizes["clip_encoder"] = _save_component(root, "text_encoder", _randomized(clip, seed + 2))
+    sizes["clip_encoder"] = save_component(root, "text_encoder", randomized(clip, seed + 2))
 
     t5 = dict(tree_flatten(T5Encoder().parameters()))
     t5 = {
@@ -181,7 +188,7 @@ def write_tiny_flux(
         if not k.startswith("t5_blocks.") or int(k.split(".")[1]) < t5_blocks
     }
     t5["shared.weight"] = mx.zeros((t5_vocab, 4096))
-    sizes["t5_encoder"] = _save_component(root, "text_encoder_2", _randomized(t5, seed + 3))
+    sizes["t5_encoder"] = save_component(root, "text_encoder_2", randomized(t5, seed + 3))
     return sizes
 
 
@@ -196,20 +203,29 @@ def write_tiny_model_with_card(root: Path, model_id: str, **kwargs: int | bool) 
     return root
 
 
+FAMILIES = ("flux1-schnell", "qwen-image", "qwen-image-edit")
+
+
 def main() -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(description="write a tiny random-weight FLUX.1 model")
+    parser = argparse.ArgumentParser(description="write a tiny random-weight image model")
     parser.add_argument("out", help="the model directory (e.g. <exo data dir>/models/tiny-flux)")
     parser.add_argument("--model-id", default="tiny-flux")
-    parser.add_argument("--joint-blocks", type=int, default=0)
-    parser.add_argument("--single-blocks", type=int, default=1)
+    parser.add_argument("--family", choices=FAMILIES, default="flux1-schnell")
+    parser.add_argument("--joint-blocks", type=int, default=0, help="FLUX.1 only")
+    parser.add_argument("--single-blocks", type=int, default=1, help="FLUX.1 only")
     args = parser.parse_args()
     out = Path(args.out)
-    write_tiny_model_with_card(
-        out, args.model_id, joint_blocks=args.joint_blocks, single_blocks=args.single_blocks
-    )
-    print(f"wrote {args.model_id} to {out}")
+    if args.family == "flux1-schnell":
+        write_tiny_model_with_card(
+            out, args.model_id, joint_blocks=args.joint_blocks, single_blocks=args.single_blocks
+        )
+    else:
+        from exo_engine_mflux.tiny_qwen import write_tiny_qwen_with_card
+
+        write_tiny_qwen_with_card(out, args.model_id, edit=args.family == "qwen-image-edit")
+    print(f"wrote {args.model_id} ({args.family}) to {out}")
 
 
 if __name__ == "__main__":
