@@ -208,12 +208,6 @@ def test_crashes_inside_vote_and_log_writes_lose_nothing(tmp_path: Path, seed: i
     simulate(tmp_path, seed, nodes=3, steps=5, crash_rate=0.02)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="since this session's election and network-fault changes a seed does not always "
-    "replay the same run (seen about half the time, first at 9f09227): some timing escapes the "
-    "simulated clock; open work, see the session note",
-)
 def test_a_seed_replays_the_same_run(tmp_path: Path) -> None:
     first = simulate(tmp_path / "a", 7)
     second = simulate(tmp_path / "b", 7)

@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 from unittest import mock
 
 import anyio
+import anyio.lowlevel
+import anyio.to_thread
 import msgspec
 from anyio.abc import TaskGroup
 
@@ -190,10 +192,20 @@ async def sim_cluster(
             tg.cancel_scope.cancel()
 
 
+async def _in_this_thread(func: Callable[..., T], *args: Any, **_options: Any) -> T:
+    """`anyio.to_thread.run_sync` for virtual time: the call runs here, taking no virtual
+    time. In a worker thread it would take real time, while the loop's clock jumps on to the
+    next timer, so its answer would land at a virtual time (and in an order among the other
+    nodes' timers) set by how busy the machine is: a seed would not replay the same run."""
+    await anyio.lowlevel.checkpoint()
+    return func(*args)
+
+
 def run_simulation(body: Callable[[], Awaitable[T]]) -> T:
     """Run `body` in virtual time, with every node reading the same fixed resources: the
     machine's real free memory and disk move with whatever else runs on it, and a move is
-    news that telemetry commits, so a seed would not replay the same log."""
+    news that telemetry commits, so a seed would not replay the same log. Calls that nodes
+    hand to worker threads (the models dir's poll) run in the loop's thread instead."""
     fixed = gather_resources("/", ())
 
     def steady(
@@ -204,7 +216,10 @@ def run_simulation(body: Callable[[], Awaitable[T]]) -> T:
     ) -> NodeResources:
         return msgspec.structs.replace(fixed, engines=engines, serves=serves, cpu_percent=0.0)
 
-    with mock.patch("exo_core.reporting.gather_resources", steady):
+    with (
+        mock.patch("exo_core.reporting.gather_resources", steady),
+        mock.patch("anyio.to_thread.run_sync", _in_this_thread),
+    ):
         return anyio.run(body, backend="asyncio", backend_options=virtual_time_options())
 
 

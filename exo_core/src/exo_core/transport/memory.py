@@ -94,13 +94,13 @@ class MemoryNetwork:
         return {frozenset((a, b)) for a in ids for b in ids if self.linked(a, b)}
 
     def _announce(self, before: set[frozenset[str]]) -> None:
+        # In sorted order: a set of strings iterates in an order that changes with each
+        # process's hash seed, and the order nodes hear of peers steers the run.
         after = self._links()
-        for link in after - before:
-            a, b = tuple(link)
+        for a, b in _sorted_links(after - before):
             self._nodes[a].push(PeerConnected(b))
             self._nodes[b].push(PeerConnected(a))
-        for link in before - after:
-            a, b = tuple(link)
+        for a, b in _sorted_links(before - after):
             self._nodes[a].push(PeerDisconnected(b))
             self._nodes[b].push(PeerDisconnected(a))
 
@@ -135,6 +135,11 @@ class MemoryNetwork:
                     asyncio.get_running_loop().call_later(delay, peer.push, message)
                 else:
                     peer.push(message)
+
+
+def _sorted_links(links: set[frozenset[str]]) -> list[tuple[str, str]]:
+    pairs = (sorted(link) for link in links)
+    return sorted((a, b) for a, b in pairs)
 
 
 class MemoryTransport(Transport):
