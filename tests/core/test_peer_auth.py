@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from exo_core.commands import AddModelCard, CommandEnvelope, ReportEvents, SubmitTask
+from exo_core.election import Election
 from exo_core.events import (
     DownloadProgressed,
     Event,
@@ -193,10 +196,43 @@ def test_chunks_come_from_rank_0_of_the_tasks_instance() -> None:
 
 def test_no_vote_while_a_live_master_is_followed() -> None:
     request = VoteRequest(term=9, candidate=B, last_term=9, last_index=99)
-    assert vote_refusal("b", request, live_master=None) is None
-    assert vote_refusal("b", request, live_master=B) is None
-    assert "I follow a" in (vote_refusal("b", request, live_master=A) or "")
-    assert vote_refusal("a", request, live_master=None) is not None  # forged candidate
+    assert vote_refusal("b", request, live_master=None, may_lead=True) is None
+    assert vote_refusal("b", request, live_master=B, may_lead=True) is None
+    assert "I follow a" in (vote_refusal("b", request, live_master=A, may_lead=True) or "")
+    assert vote_refusal("a", request, live_master=None, may_lead=True) is not None  # forged
+    # A candidate the election would not let run (an outsider while members are in reach):
+    # a vote for it would make this node follow it and copy its log.
+    assert "not a member" in (vote_refusal("b", request, live_master=None, may_lead=False) or "")
+
+
+@pytest.mark.anyio
+async def test_an_outsider_may_lead_only_while_no_member_is_in_reach() -> None:
+    outsider, other = NodeId("mallory"), NodeId("x")
+
+    def election(me: NodeId) -> Election:
+        async def nothing(*_: object) -> None:
+            return None
+
+        async def never(_: int) -> bool:
+            return False
+
+        return Election(
+            me=lambda: campaign(me, term=1, voted_for=me),
+            broadcast=nothing,
+            become_master=never,
+            follow=nothing,
+            step_down=nothing,
+            eligible=lambda node_id: node_id in (A, B),
+        )
+
+    member = election(A)
+    assert member.may_lead(B) and member.may_lead(A)
+    assert not member.may_lead(outsider)  # this node is a member itself
+    stranger = election(other)  # not a member: only outsiders in reach, anyone may lead
+    stranger.observe(campaign(outsider, term=1, voted_for=outsider))
+    assert stranger.may_lead(outsider)
+    stranger.observe(campaign(B, term=1, voted_for=B))  # a member in reach: it leads, not them
+    assert not stranger.may_lead(outsider) and stranger.may_lead(B)
 
 
 def test_a_master_claim_is_backed_by_own_vote_or_a_majority_of_announced_votes() -> None:

@@ -33,7 +33,7 @@ from loguru import logger
 
 from exo_core.ids import NodeId
 from exo_core.peer_auth import master_claim_backed
-from exo_core.terms import next_term, term_round
+from exo_core.terms import has_successor, next_term, term_round
 from exo_core.wire import Campaign
 
 
@@ -85,6 +85,14 @@ def candidate(pool: list[Campaign], failed_turns: int) -> Campaign:
     if ranked[0].force_master:
         return ranked[0]  # the operator's choice waits for no one else
     return ranked[failed_turns % len(ranked)]
+
+
+def new_term(current: int, pool: list[Campaign], node_id: NodeId) -> int:
+    """The term `node_id` runs in: after this node's and every candidate's term and vote. A
+    term with no successor on the wire is a hostile peer's claim (no honest vote is ever cast
+    in one, see `exo_core.votes`), and running after it would leave no term to run in."""
+    terms = [current, *(t for c in pool for t in (c.term, c.voted_term))]
+    return next_term(max((t for t in terms if has_successor(t)), default=0), node_id)
 
 
 class Election:
@@ -158,6 +166,13 @@ class Election:
         or one whose known members are all gone)."""
         members = [c for c in campaigns if self._eligible(c.node_id)]
         return members or campaigns
+
+    def may_lead(self, node_id: NodeId) -> bool:
+        """Whether `node_id` may be a candidate (and get votes): a member, or anyone while no
+        member is in reach (the rule of `eligible`)."""
+        if self._eligible(node_id):
+            return True
+        return not any(self._eligible(c.node_id) for c in [self._me(), *self._alive()])
 
     def live_master(self) -> NodeId | None:
         """The other node this one follows as master, while it is heard claiming it."""
@@ -276,8 +291,7 @@ class Election:
         # must not make the members wait for it.
         pool = self.eligible([me, *others])
         if candidate(pool, self._failed_turns(now)).node_id == me.node_id:
-            highest = max([self.term, *(max(c.term, c.voted_term) for c in pool)])
-            term = next_term(highest, me.node_id)
+            term = new_term(self.term, pool, me.node_id)
             if await self._become_master(term):
                 self.master, self.term, self._lost_master_at = me.node_id, term, None
 
