@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -51,7 +52,7 @@ from exo_core.state import Instance, NodeResources, ShardAssignment
 from exo_core.testing.peer_fuzz import HostilePeer, forged_builtin, forged_card, forged_in, magnet
 from exo_core.testing.processes import exo_processes, wait_until
 from exo_core.testing.scripted_engine import ECHO
-from exo_core.testing.simulation import SimCluster, run_simulation, sim_cluster
+from exo_core.testing.simulation import SimCluster, SimNode, run_simulation, sim_cluster
 from exo_core.testing.waiting import wait_until_async
 from exo_core.transport.base import TransportError
 from exo_core.transport.memory import Faults, MemoryNetwork, MemoryTransport
@@ -192,6 +193,23 @@ def test_a_member_claiming_forced_mastership_cannot_depose_a_live_master(tmp_pat
     with_mallory(tmp_path, body)
 
 
+async def failover_during(
+    cluster: SimCluster, master: NodeId, attack: Callable[[], Coroutine[Any, Any, None]]
+) -> SimNode:
+    """Kill the master while mallory runs `attack`: the members elect one of themselves
+    (nobody waits for the outsider to lead) and keep it while the attack goes on a while."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(attack)
+        await anyio.sleep(2)
+        await cluster.kill(next(n for n in cluster.nodes if n.node.node_id == master))
+        await cluster.wait(lambda: len(cluster.masters()) == 1, timeout=30)
+        await anyio.sleep(3)
+        tg.cancel_scope.cancel()
+    (new,) = cluster.masters()
+    assert new.node.node_id not in (master, MALLORY)
+    return new
+
+
 def test_an_outsiders_forced_mastership_does_not_stall_the_next_election(tmp_path: Path) -> None:
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         async def claim() -> None:
@@ -199,15 +217,7 @@ def test_an_outsiders_forced_mastership_does_not_stall_the_next_election(tmp_pat
                 await mallory.publish(ELECTION_TOPIC, encode(campaign(MALLORY)))
                 await anyio.sleep(0.25)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(claim)
-            await anyio.sleep(2)
-            await cluster.kill(next(n for n in cluster.nodes if n.node.node_id == master))
-            # The members elect one of themselves; nobody waits for the outsider to lead.
-            await cluster.wait(lambda: len(cluster.masters()) == 1, timeout=30)
-            tg.cancel_scope.cancel()
-        (new,) = cluster.masters()
-        assert new.node.node_id not in (master, MALLORY)
+        new = await failover_during(cluster, master, claim)
         await cluster.wait(
             lambda: all(n.node.election.master == new.node.node_id for n in cluster.alive())
         )
@@ -237,18 +247,9 @@ def test_an_outsiders_vote_requests_do_not_stall_the_failover(tmp_path: Path, te
                         )
                 await anyio.sleep(0.05)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(bid)
-            await anyio.sleep(1)
-            await cluster.kill(next(n for n in cluster.nodes if n.node.node_id == master))
-            # The members elect one of themselves while the outsider bids...
-            await cluster.wait(lambda: len(cluster.masters()) == 1, timeout=30)
-            await anyio.sleep(3)
-            tg.cancel_scope.cancel()
+        new = await failover_during(cluster, master, bid)
         assert answers and not any(isinstance(a, Vote) and a.granted for a in answers), answers
-        (new,) = cluster.masters()
-        assert new.node.node_id not in (master, MALLORY)
-        # ...and keep it, and their terms, once it has gone quiet.
+        # The members keep their master, and their terms, once the outsider has gone quiet.
         await anyio.sleep(5)
         assert cluster.masters() == [new]
         assert all(n.node.election.master == new.node.node_id for n in cluster.alive())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exo_core.commands import AddModelCard, CommandEnvelope, ReportEvents, SubmitTask
-from exo_core.election import Election
+from exo_core.election import Election, new_term
 from exo_core.events import (
     DownloadProgressed,
     Event,
@@ -44,6 +44,7 @@ from exo_core.state import (
     Task,
     TaskStatus,
 )
+from exo_core.terms import MAX_TERM, has_successor, term_round
 from exo_core.testing.peer_fuzz import forged_card
 from exo_core.wire import (
     Campaign,
@@ -109,7 +110,14 @@ def runner(node: NodeId, runner_id: str) -> RunnerStatusChanged:
     )
 
 
-def campaign(node: NodeId, *, term: int, voted_for: NodeId, master: bool = False) -> Campaign:
+def campaign(
+    node: NodeId,
+    *,
+    term: int,
+    voted_for: NodeId | None,
+    master: bool = False,
+    voted_term: int | None = None,
+) -> Campaign:
     return Campaign(
         node_id=node,
         term=term,
@@ -118,7 +126,7 @@ def campaign(node: NodeId, *, term: int, voted_for: NodeId, master: bool = False
         seniority=0,
         commands_seen=0,
         is_master=master,
-        voted_term=term,
+        voted_term=term if voted_term is None else voted_term,
         voted_for=voted_for,
     )
 
@@ -263,3 +271,16 @@ def test_a_catch_up_answer_fits_its_byte_budget_and_carries_at_least_one_event()
     assert 0 < len(part.events) < 64 and part.events == tuple(events[: len(part.events)])
     one = decode_response(encode_catch_up(events, 0, 1))
     assert isinstance(one, EventBatch) and len(one.events) == 1
+
+
+def test_a_new_term_is_after_every_vote_but_one_no_honest_node_could_cast() -> None:
+    pool = [
+        campaign(A, term=3 << 16, voted_for=A, voted_term=4 << 16),
+        campaign(B, term=2 << 16, voted_for=None, voted_term=0),
+    ]
+    assert term_round(new_term(1 << 16, pool, A)) == 5
+    assert term_round(new_term(9 << 16, pool, A)) == 10
+    # A campaign in the wire's last term (a hostile peer's: no honest vote is cast there).
+    forged = [*pool, campaign(B, term=MAX_TERM, voted_for=B)]
+    term = new_term(1 << 16, forged, A)
+    assert term_round(term) == 5 and has_successor(term)

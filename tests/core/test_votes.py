@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exo_core.election import new_term
 from exo_core.ids import NodeId
 from exo_core.terms import MAX_TERM, has_successor, next_term, term_round
 from exo_core.votes import VoteBook
-from exo_core.wire import Campaign, VoteRequest
+from exo_core.wire import VoteRequest
 
 A, B = NodeId("a"), NodeId("b")
 LAST_ROUND = term_round(MAX_TERM) - 1  # the last round with a round after it on the wire
@@ -36,25 +35,3 @@ def test_no_vote_is_cast_in_a_term_that_leaves_no_term_after_it(tmp_path: Path) 
     # The book still votes for an honest candidate, in any term that has a successor.
     assert book.decide(request(next_term(5, A), A), last_term=5, last_index=3).granted
     assert book.decide(request((LAST_ROUND << 16) - 1), last_term=5, last_index=3).granted
-
-
-def campaign(node: NodeId, term: int, voted_term: int) -> Campaign:
-    return Campaign(
-        node_id=node,
-        term=term,
-        force_master=False,
-        priority=0,
-        seniority=0,
-        commands_seen=0,
-        is_master=False,
-        voted_term=voted_term,
-    )
-
-
-def test_a_new_term_is_after_every_vote_but_one_no_honest_node_could_cast() -> None:
-    pool = [campaign(A, term=3 << 16, voted_term=4 << 16), campaign(B, term=2 << 16, voted_term=0)]
-    assert term_round(new_term(1 << 16, pool, A)) == 5
-    assert term_round(new_term(9 << 16, pool, A)) == 10
-    forged = [*pool, campaign(B, term=MAX_TERM, voted_term=MAX_TERM)]
-    term = new_term(1 << 16, forged, A)
-    assert term_round(term) == 5 and has_successor(term)
