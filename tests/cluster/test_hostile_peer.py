@@ -258,6 +258,24 @@ def test_an_outsiders_vote_requests_do_not_stall_the_failover(tmp_path: Path, te
     with_mallory(tmp_path, body)
 
 
+def test_an_outsider_claiming_a_huge_cluster_does_not_stall_the_failover(tmp_path: Path) -> None:
+    """Only members count in the majority an election needs: an outsider's campaign that says
+    the cluster has 65536 members, or its own presence, changes nothing."""
+
+    async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
+        claim = msgspec.structs.replace(campaign(MALLORY, 1), is_master=False, members=1 << 16)
+
+        async def claim_a_huge_cluster() -> None:
+            while True:
+                await mallory.publish(ELECTION_TOPIC, encode(claim))
+                await anyio.sleep(0.25)
+
+        new = await failover_during(cluster, master, claim_a_huge_cluster)
+        assert new.node.election.reach() == (2, HONEST)
+
+    with_mallory(tmp_path, body)
+
+
 def test_a_peer_gets_a_bounded_number_of_requests_answered_at_once(tmp_path: Path) -> None:
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         # The master alone: each command waits for a majority that never comes (10 s).

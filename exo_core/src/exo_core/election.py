@@ -20,7 +20,8 @@ it voted for it, or which a majority of members announce they voted for
 (`peer_auth.master_claim_backed`); the master asks nodes that did not vote (they joined later,
 or were out of reach) for their vote in its term. No node votes while it follows (or is) a
 live master, so nobody deposes a working master. Candidates are ranked among members of the cluster
-(`eligible`): a peer that is not in the replicated state cannot make the members wait for it.
+(`eligible`): a peer that is not in the replicated state cannot make the members wait for it,
+gets no member's vote while members are in reach (`may_lead`), and counts towards no majority.
 """
 
 from __future__ import annotations
@@ -135,15 +136,20 @@ class Election:
         if node_id == self.master:
             self._wake.set()  # the master's connection dropped: start the failover now
 
+    def _members_in_reach(self, me: Campaign) -> list[Campaign]:
+        """The other members heard (`eligible`): an outsider's campaign counts towards no
+        majority, and its claim of how many members the cluster has changes nothing."""
+        others = [c for c in self._alive() if c.node_id != me.node_id]
+        return [c for c in self.eligible([me, *others]) if c.node_id != me.node_id]
+
     def cluster_size(self, me: Campaign) -> int:
-        """How many members the cluster has, as the best-informed node in reach knows it."""
-        return max([me.members, *(c.members for c in self._alive())])
+        """How many members the cluster has, as the best-informed member in reach knows it."""
+        return max([me.members, *(c.members for c in self._members_in_reach(me))])
 
     def reach(self) -> tuple[int, int]:
         """How many members this node hears (itself included), and how many the cluster has."""
         me = self._me()
-        others = [c for c in self._alive() if c.node_id != me.node_id]
-        return 1 + len(others), self.cluster_size(me)
+        return 1 + len(self._members_in_reach(me)), self.cluster_size(me)
 
     def cut_off_for(self) -> float:
         """Seconds since this node last heard a majority of the members (0 while it does)."""
@@ -243,8 +249,9 @@ class Election:
     async def evaluate(self, me: Campaign) -> None:
         now = anyio.current_time()
         others = [c for c in self._alive() if c.node_id != me.node_id]
+        members = self._members_in_reach(me)
         size = self.cluster_size(me)
-        masters = [c for c in others if master_claim_backed(c, me, others, size)]
+        masters = [c for c in others if master_claim_backed(c, me, members, size)]
         best_master = max(masters, key=lambda c: (c.term, *rank_key(c)), default=None)
         if me.is_master:
             if best_master and (best_master.term, *rank_key(best_master)) > (
@@ -261,7 +268,7 @@ class Election:
             # us: step down so that an election picks a term after their votes. A vote
             # rounds beyond any election that could have happened is a lie (a member forging
             # campaigns), and does not depose a master.
-            later = [c for c in others if plausible_later_vote(c.voted_term, me.term)]
+            later = [c for c in members if plausible_later_vote(c.voted_term, me.term)]
             if later:
                 voted = max(later, key=lambda c: c.voted_term)
                 logger.info(
@@ -285,7 +292,7 @@ class Election:
             return  # our bootstrap peers may just be slow to answer
         if self._lost_master_at is not None and now - self._lost_master_at < self.timing.regroup:
             return
-        if not is_majority(1 + len(others), self.cluster_size(me)):
+        if not is_majority(1 + len(members), size):
             return  # too few nodes in reach to commit anything: no master on this side
         # Outsiders stand aside while members are in reach: an outsider's forced mastership
         # must not make the members wait for it.
