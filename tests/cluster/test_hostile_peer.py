@@ -276,6 +276,31 @@ def test_an_outsider_claiming_a_huge_cluster_does_not_stall_the_failover(tmp_pat
     with_mallory(tmp_path, body)
 
 
+def test_an_outsiders_own_vote_does_not_back_its_claim_on_a_one_node_cluster(
+    tmp_path: Path,
+) -> None:
+    """A master claim is backed by members' votes only: on a one-node cluster, the outsider's
+    announced vote for itself was a majority of one, and the node stepped down to follow it."""
+    network = MemoryNetwork(seed=1)
+
+    async def run() -> None:
+        async with sim_cluster(tmp_path, 1, network) as cluster:
+            (node,) = cluster.nodes
+            # A member of its own cluster (before that, anyone may lead a cluster being formed).
+            await cluster.wait(lambda: node.node.node_id in node.node.state.nodes)
+            mallory = network.transport(MALLORY)
+            await mallory.start()
+            claim = msgspec.structs.replace(campaign(MALLORY), members=1)
+            for _ in range(20):
+                await mallory.publish(ELECTION_TOPIC, encode(claim))
+                await anyio.sleep(0.25)
+            assert cluster.masters() == [node]
+            assert node.node.election.master == node.node.node_id
+            await mallory.stop()
+
+    run_simulation(run)
+
+
 def test_a_peer_gets_a_bounded_number_of_requests_answered_at_once(tmp_path: Path) -> None:
     async def body(cluster: SimCluster, mallory: MemoryTransport, master: NodeId) -> None:
         # The master alone: each command waits for a majority that never comes (10 s).
