@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from exo_core.commands import AddModelCard, CommandEnvelope, ReportEvents, SubmitTask
+from exo_core.election import Election, new_term
 from exo_core.events import (
     DownloadProgressed,
     Event,
@@ -41,6 +44,7 @@ from exo_core.state import (
     Task,
     TaskStatus,
 )
+from exo_core.terms import MAX_TERM, has_successor, term_round
 from exo_core.testing.peer_fuzz import forged_card
 from exo_core.wire import (
     Campaign,
@@ -106,7 +110,14 @@ def runner(node: NodeId, runner_id: str) -> RunnerStatusChanged:
     )
 
 
-def campaign(node: NodeId, *, term: int, voted_for: NodeId, master: bool = False) -> Campaign:
+def campaign(
+    node: NodeId,
+    *,
+    term: int,
+    voted_for: NodeId | None,
+    master: bool = False,
+    voted_term: int | None = None,
+) -> Campaign:
     return Campaign(
         node_id=node,
         term=term,
@@ -115,7 +126,7 @@ def campaign(node: NodeId, *, term: int, voted_for: NodeId, master: bool = False
         seniority=0,
         commands_seen=0,
         is_master=master,
-        voted_term=term,
+        voted_term=term if voted_term is None else voted_term,
         voted_for=voted_for,
     )
 
@@ -193,10 +204,43 @@ def test_chunks_come_from_rank_0_of_the_tasks_instance() -> None:
 
 def test_no_vote_while_a_live_master_is_followed() -> None:
     request = VoteRequest(term=9, candidate=B, last_term=9, last_index=99)
-    assert vote_refusal("b", request, live_master=None) is None
-    assert vote_refusal("b", request, live_master=B) is None
-    assert "I follow a" in (vote_refusal("b", request, live_master=A) or "")
-    assert vote_refusal("a", request, live_master=None) is not None  # forged candidate
+    assert vote_refusal("b", request, live_master=None, may_lead=True) is None
+    assert vote_refusal("b", request, live_master=B, may_lead=True) is None
+    assert "I follow a" in (vote_refusal("b", request, live_master=A, may_lead=True) or "")
+    assert vote_refusal("a", request, live_master=None, may_lead=True) is not None  # forged
+    # A candidate the election would not let run (an outsider while members are in reach):
+    # a vote for it would make this node follow it and copy its log.
+    assert "not a member" in (vote_refusal("b", request, live_master=None, may_lead=False) or "")
+
+
+@pytest.mark.anyio
+async def test_an_outsider_may_lead_only_while_no_member_is_in_reach() -> None:
+    outsider, other = NodeId("mallory"), NodeId("x")
+
+    def election(me: NodeId) -> Election:
+        async def nothing(*_: object) -> None:
+            return None
+
+        async def never(_: int) -> bool:
+            return False
+
+        return Election(
+            me=lambda: campaign(me, term=1, voted_for=me),
+            broadcast=nothing,
+            become_master=never,
+            follow=nothing,
+            step_down=nothing,
+            eligible=lambda node_id: node_id in (A, B),
+        )
+
+    member = election(A)
+    assert member.may_lead(B) and member.may_lead(A)
+    assert not member.may_lead(outsider)  # this node is a member itself
+    stranger = election(other)  # not a member: only outsiders in reach, anyone may lead
+    stranger.observe(campaign(outsider, term=1, voted_for=outsider))
+    assert stranger.may_lead(outsider)
+    stranger.observe(campaign(B, term=1, voted_for=B))  # a member in reach: it leads, not them
+    assert not stranger.may_lead(outsider) and stranger.may_lead(B)
 
 
 def test_a_master_claim_is_backed_by_own_vote_or_a_majority_of_announced_votes() -> None:
@@ -227,3 +271,16 @@ def test_a_catch_up_answer_fits_its_byte_budget_and_carries_at_least_one_event()
     assert 0 < len(part.events) < 64 and part.events == tuple(events[: len(part.events)])
     one = decode_response(encode_catch_up(events, 0, 1))
     assert isinstance(one, EventBatch) and len(one.events) == 1
+
+
+def test_a_new_term_is_after_every_vote_but_one_no_honest_node_could_cast() -> None:
+    pool = [
+        campaign(A, term=3 << 16, voted_for=A, voted_term=4 << 16),
+        campaign(B, term=2 << 16, voted_for=None, voted_term=0),
+    ]
+    assert term_round(new_term(1 << 16, pool, A)) == 5
+    assert term_round(new_term(9 << 16, pool, A)) == 10
+    # A campaign in the wire's last term (a hostile peer's: no honest vote is cast there).
+    forged = [*pool, campaign(B, term=MAX_TERM, voted_for=B)]
+    term = new_term(1 << 16, forged, A)
+    assert term_round(term) == 5 and has_successor(term)

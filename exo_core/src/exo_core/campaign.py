@@ -117,7 +117,8 @@ class Campaigner:
     def vote(self, request: VoteRequest, sender: str) -> Vote:
         # A master is its own live master: it votes for nobody else while it leads.
         live = self._node_id if self.master is not None else self.election.live_master()
-        refusal = vote_refusal(sender, request, live)
+        may_lead = self.election.may_lead(request.candidate)
+        refusal = vote_refusal(sender, request, live, may_lead=may_lead)
         if refusal is not None:
             return Vote(granted=False, reason=refusal)
         replica = self._replica

@@ -20,7 +20,8 @@ it voted for it, or which a majority of members announce they voted for
 (`peer_auth.master_claim_backed`); the master asks nodes that did not vote (they joined later,
 or were out of reach) for their vote in its term. No node votes while it follows (or is) a
 live master, so nobody deposes a working master. Candidates are ranked among members of the cluster
-(`eligible`): a peer that is not in the replicated state cannot make the members wait for it.
+(`eligible`): a peer that is not in the replicated state cannot make the members wait for it,
+gets no member's vote while members are in reach (`may_lead`), and counts towards no majority.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from loguru import logger
 
 from exo_core.ids import NodeId
 from exo_core.peer_auth import master_claim_backed
-from exo_core.terms import next_term, term_round
+from exo_core.terms import has_successor, next_term, term_round
 from exo_core.wire import Campaign
 
 
@@ -87,6 +88,14 @@ def candidate(pool: list[Campaign], failed_turns: int) -> Campaign:
     return ranked[failed_turns % len(ranked)]
 
 
+def new_term(current: int, pool: list[Campaign], node_id: NodeId) -> int:
+    """The term `node_id` runs in: after this node's and every candidate's term and vote. A
+    term with no successor on the wire is a hostile peer's claim (no honest vote is ever cast
+    in one, see `exo_core.votes`), and running after it would leave no term to run in."""
+    terms = [current, *(t for c in pool for t in (c.term, c.voted_term))]
+    return next_term(max((t for t in terms if has_successor(t)), default=0), node_id)
+
+
 class Election:
     def __init__(
         self,
@@ -127,15 +136,20 @@ class Election:
         if node_id == self.master:
             self._wake.set()  # the master's connection dropped: start the failover now
 
+    def _members_in_reach(self, me: Campaign) -> list[Campaign]:
+        """The other members heard (`eligible`): an outsider's campaign counts towards no
+        majority, and its claim of how many members the cluster has changes nothing."""
+        others = [c for c in self._alive() if c.node_id != me.node_id]
+        return [c for c in self.eligible([me, *others]) if c.node_id != me.node_id]
+
     def cluster_size(self, me: Campaign) -> int:
-        """How many members the cluster has, as the best-informed node in reach knows it."""
-        return max([me.members, *(c.members for c in self._alive())])
+        """How many members the cluster has, as the best-informed member in reach knows it."""
+        return max([me.members, *(c.members for c in self._members_in_reach(me))])
 
     def reach(self) -> tuple[int, int]:
         """How many members this node hears (itself included), and how many the cluster has."""
         me = self._me()
-        others = [c for c in self._alive() if c.node_id != me.node_id]
-        return 1 + len(others), self.cluster_size(me)
+        return 1 + len(self._members_in_reach(me)), self.cluster_size(me)
 
     def cut_off_for(self) -> float:
         """Seconds since this node last heard a majority of the members (0 while it does)."""
@@ -158,6 +172,13 @@ class Election:
         or one whose known members are all gone)."""
         members = [c for c in campaigns if self._eligible(c.node_id)]
         return members or campaigns
+
+    def may_lead(self, node_id: NodeId) -> bool:
+        """Whether `node_id` may be a candidate (and get votes): a member, or anyone while no
+        member is in reach (the rule of `eligible`)."""
+        if self._eligible(node_id):
+            return True
+        return not any(self._eligible(c.node_id) for c in [self._me(), *self._alive()])
 
     def live_master(self) -> NodeId | None:
         """The other node this one follows as master, while it is heard claiming it."""
@@ -228,8 +249,9 @@ class Election:
     async def evaluate(self, me: Campaign) -> None:
         now = anyio.current_time()
         others = [c for c in self._alive() if c.node_id != me.node_id]
+        members = self._members_in_reach(me)
         size = self.cluster_size(me)
-        masters = [c for c in others if master_claim_backed(c, me, others, size)]
+        masters = [c for c in others if master_claim_backed(c, me, members, size)]
         best_master = max(masters, key=lambda c: (c.term, *rank_key(c)), default=None)
         if me.is_master:
             if best_master and (best_master.term, *rank_key(best_master)) > (
@@ -246,7 +268,7 @@ class Election:
             # us: step down so that an election picks a term after their votes. A vote
             # rounds beyond any election that could have happened is a lie (a member forging
             # campaigns), and does not depose a master.
-            later = [c for c in others if plausible_later_vote(c.voted_term, me.term)]
+            later = [c for c in members if plausible_later_vote(c.voted_term, me.term)]
             if later:
                 voted = max(later, key=lambda c: c.voted_term)
                 logger.info(
@@ -270,14 +292,13 @@ class Election:
             return  # our bootstrap peers may just be slow to answer
         if self._lost_master_at is not None and now - self._lost_master_at < self.timing.regroup:
             return
-        if not is_majority(1 + len(others), self.cluster_size(me)):
+        if not is_majority(1 + len(members), size):
             return  # too few nodes in reach to commit anything: no master on this side
         # Outsiders stand aside while members are in reach: an outsider's forced mastership
         # must not make the members wait for it.
         pool = self.eligible([me, *others])
         if candidate(pool, self._failed_turns(now)).node_id == me.node_id:
-            highest = max([self.term, *(max(c.term, c.voted_term) for c in pool)])
-            term = next_term(highest, me.node_id)
+            term = new_term(self.term, pool, me.node_id)
             if await self._become_master(term):
                 self.master, self.term, self._lost_master_at = me.node_id, term, None
 

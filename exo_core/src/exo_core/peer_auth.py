@@ -13,8 +13,9 @@ These checks bind what a message claims to that sender:
   and nobody votes while it follows (or is) a live master: a peer's claims cannot depose a
   working master;
 * candidates are ranked among members (nodes in the replicated state), so an outsider that
-  claims forced mastership cannot make the members wait for it, and no candidate copies an
-  outsider's log before taking over.
+  claims forced mastership cannot make the members wait for it, no candidate copies an
+  outsider's log before taking over, and no member votes for an outsider while members are
+  in reach.
 
 What this does not stop: a peer that holds the cluster key and lies about its own log can win
 an election once the master is gone; and a member sees the prompts of the instances placed on
@@ -138,15 +139,21 @@ def chunk_refusal(sender: str, instance_id: InstanceId | None, state: State) -> 
     return None
 
 
-def vote_refusal(sender: str, request: VoteRequest, live_master: NodeId | None) -> str | None:
-    """Reasons to refuse a vote before looking at terms and logs: a forged candidate, or a live
+def vote_refusal(
+    sender: str, request: VoteRequest, live_master: NodeId | None, *, may_lead: bool
+) -> str | None:
+    """Reasons to refuse a vote before looking at terms and logs: a forged candidate, a live
     master that this node follows (a peer that lost touch with it, or claims anything, must
-    not depose it: it would only win by disrupting a working cluster)."""
+    not depose it: it would only win by disrupting a working cluster), or a candidate that
+    may not lead (`may_lead`: an outsider while members are in reach, the election's own
+    rule). A vote for an outsider would make this node follow it, and take its log."""
     reason = speaks_for_itself(sender, request)
     if reason is not None:
         return reason
     if live_master is not None and live_master != request.candidate:
         return f"I follow {live_master}, which is alive"
+    if not may_lead:
+        return f"{request.candidate} is not a member, and members are in reach"
     return None
 
 

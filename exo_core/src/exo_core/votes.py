@@ -3,7 +3,9 @@
 The election picks one candidate deterministically; votes make that choice safe under
 partitions and lost messages. A node grants one vote per term, never to a candidate whose log
 is less complete than its own, and remembers its vote on disk across restarts. Once it has
-voted in a term, it no longer acknowledges events of earlier terms (a deposed master's).
+voted in a term, it no longer acknowledges events of earlier terms (a deposed master's). It
+never votes in a term that leaves no term after it (`exo_core.terms.has_successor`): once
+voted there, it could vote for no later master, and its campaigns would no longer decode.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from exo_core.durable import replace_durably
 from exo_core.ids import NodeId
+from exo_core.terms import has_successor
 from exo_core.wire import Vote, VoteRequest
 
 
@@ -37,6 +40,8 @@ class VoteBook:
 
     def decide(self, request: VoteRequest, last_term: int, last_index: int) -> Vote:
         """Answer a vote request, given our own log's last term and index."""
+        if not has_successor(request.term):
+            return Vote(granted=False, reason=f"term {request.term} leaves no term after it")
         if request.term < self.term or (
             request.term == self.term and self.voted_for not in (None, request.candidate)
         ):

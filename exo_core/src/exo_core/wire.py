@@ -12,14 +12,15 @@ from exo_core.generation import Chunk, GenerationParams
 from exo_core.ids import NodeId, TaskId
 from exo_core.images import ImageRequest
 from exo_core.snapshot import Snapshot
+from exo_core.terms import MAX_TERM
 
 EVENTS_TOPIC = "exo/events"
 ELECTION_TOPIC = "exo/election"
 
 # Bounds on numbers peers send: a term or index past 2**62 is a forgery (it would take
 # centuries to reach), and arithmetic on it must never overflow what msgpack can carry.
-Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
-Index = Annotated[int, msgspec.Meta(ge=-1, le=1 << 62)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_TERM)]
+Index = Annotated[int, msgspec.Meta(ge=-1, le=MAX_TERM)]
 # The most events, and about the most bytes, one catch-up answer carries, whatever the asker
 # wants (a transport carries 64 MiB at most).
 MAX_CATCH_UP_EVENTS = 5000
