@@ -59,6 +59,7 @@ class Figures:
     tps: float
     aggregate: float
     pause: float = float("nan")  # seconds; nan: not measured
+    long_ttft: float = float("nan")  # seconds: the long prompt's own first token (fresh)
     rss_mb: float = float("nan")  # llama-server's, or exo's runner's, after the requests
     node_mb: float = float("nan")  # exo's node process
 
@@ -199,7 +200,7 @@ def with_fairness(
     if pause_tokens <= 0:
         return figures
     pause = longest_pause(url, model, pause_tokens, extra)
-    return dataclasses.replace(figures, pause=pause.longest)
+    return dataclasses.replace(figures, pause=pause.longest, long_ttft=pause.b_ttft)
 
 
 def exo_figures(
@@ -232,6 +233,7 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
         ("time to first token s", "ttft", "{:>12.3f}"),
         ("decode tok/s, 1 stream", "tps", "{:>12.1f}"),
         (f"aggregate tok/s, {streams} streams", "aggregate", "{:>12.1f}"),  # median of rounds
+        ("first token s, long prompt", "long_ttft", "{:>12.2f}"),
         ("longest pause s, long prompt", "pause", "{:>12.2f}"),
         ("server RSS MB (exo: runner)", "rss_mb", "{:>12.0f}"),
         ("exo node RSS MB", "node_mb", "{:>12.0f}"),

@@ -338,7 +338,12 @@ mx::array decode_attention(
 
 }  // namespace
 
+// prefill_attention.cpp's functions: registered with this file's (the module's list of
+// registrations lives in qmatmul.cpp).
+void register_prefill_attention(nb::module_& m);
+
 void register_decode_attention(nb::module_& m) {
+  register_prefill_attention(m);
   m.def(
       "decode_attention",
       &decode_attention,

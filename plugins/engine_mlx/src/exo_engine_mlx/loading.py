@@ -101,7 +101,10 @@ def _for_device(model: nn.Module, dense: bool, quantized_kernels: bool) -> None:
     # Imported here: it imports mlx-lm (seconds on a busy machine), which a rank that fails to
     # join its group should not wait for.
     from exo_engine_mlx.compiled_step import compile_decode_step, compile_requested
+    from exo_engine_mlx.prefill_attention import install as install_prefill_attention
 
+    if install_prefill_attention():
+        logger.info("prompts' attention on exo's tiled CPU kernel")
     if compile_requested():
         logger.info(f"compiled one-token step: {compile_decode_step(model)} layers")
 

@@ -54,6 +54,7 @@ def usable_cores() -> int:
 def set_num_threads(n: int) -> None:
     if _ext is not None:
         _ext.set_num_threads(max(1, n))
+        _ext.set_prefill_attention_threads(max(1, n))
 
 
 def num_threads() -> int:
@@ -173,6 +174,17 @@ def decode_attention(q: Any, k: Any, v: Any, scale: float, mask: Any = None) -> 
     (False: the key is left out) or additive, broadcastable to (B, 1, 1, N). Equal to MLX's ops
     up to float32 rounding; a row's output does not depend on its batch or on masked keys."""
     return _built().decode_attention(q, k, v, scale, mask)
+
+
+def prefill_attention(
+    q: Any, k: Any, v: Any, scale: float, mask: Any = None, *, causal: bool = False
+) -> Any:
+    """softmax((q * scale) k^T, masked) v for many query rows (a prompt), float32, as one tiled
+    MLX primitive that never holds the L x N scores: q (B, heads, L, D), k and v (B, kv heads,
+    N, D) (any strides), heads a multiple of kv heads. `causal`: row i sees keys up to
+    N - L + i (MLX's "causal"); else `mask` None, boolean (False: hidden) or additive,
+    broadcastable to (B, 1, L, N). Equal to MLX's attention up to float32 rounding."""
+    return _built().prefill_attention(q, k, v, scale, "causal" if causal else None, mask)
 
 
 def dequantize(w: Any, scales: Any, biases: Any, group_size: int, bits: int) -> Any:
