@@ -180,9 +180,16 @@ def serve(conn: Connection, launch: Launch) -> int:
 
 
 def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: RunnerOutbox) -> int:
+    from exo_engine_mlx.idle_memory import give_back_freed_memory
+
     while True:
-        # Idle: block for the next request. Busy: take what has arrived, then step.
-        messages = [inbox.get()] if not engine.active else []
+        # Idle: block for the next request (the last one's freed memory given back first,
+        # after its chunks went out). Busy: take what has arrived, then step.
+        messages: list[ToRunner] = []
+        if not engine.active:
+            if inbox.empty():
+                give_back_freed_memory()
+            messages.append(inbox.get())
         while True:
             try:
                 messages.append(inbox.get_nowait())
