@@ -144,6 +144,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         recurrent=recurrent,
         batched=not unbatchable,
         vision=vision,
+        early_first_token=group is None,
     )
     loop = None
     try:
