@@ -1,6 +1,6 @@
 """Where a cached prompt's first token waits between the HTTP request and the runner, on SmolLM2.
 
-    .venv/bin/python bench/trace_request_path.py [--runs 12]
+    .venv/bin/python bench/trace_request_path.py [--runs 12] [--llamacpp]
 
 A node with its OpenAI API in this process (a thread) and its runner subprocess; one-token
 requests on exo's bench route with the prefix cache on, the same short chat prompt each time
@@ -9,6 +9,10 @@ happen, by wrapping them in place: the SubmitTask command sent to the master and
 worker's RunTask, the body fetch, the RunnerSubmit written to the runner's pipe, the first
 chunk back from the runner. Beside them the runner's own submit -> first token
 (`generation_stats`) and the client's round trip. Medians, in ms after the request was sent.
+Then time to first token as a user sees it: the official `openai` client streaming the same
+request from exo's /v1 (prefix cache on, as served) and, with `--llamacpp`, from llama-server
+on the same GGUF with `cache_prompt` on (started as bench_vs_llamacpp.py starts it), side by
+side with the ratio.
 Prints numbers only; on a shared machine compare runs taken together.
 """
 
@@ -85,9 +89,56 @@ def _wrap_node() -> None:
     ChunkRouter.deliver = timed_deliver  # type: ignore[method-assign]
 
 
+def streamed_first_token_s(base_url: str, model: str, runs: int, extra: dict[str, Any]) -> float:
+    """Median time from sending a streaming request to its first content chunk (after one
+    request that fills the prompt cache)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0)
+
+    def once() -> float:
+        start = time.perf_counter()
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=2,
+            temperature=0.0,
+            stream=True,
+            extra_body=extra,
+        )
+        first = None
+        for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].delta.content:
+                first = time.perf_counter()
+        return (first or time.perf_counter()) - start
+
+    once()
+    return statistics.median(once() for _ in range(runs))
+
+
+def llamacpp_first_token_s(runs: int) -> float:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_vs_llamacpp import llama_server
+    from llamacpp_build import build_server
+
+    from exo_engine_mlx.embedded import embedded_gguf_path
+
+    binary = build_server()
+    if binary is None:
+        raise SystemExit("llama-server could not be built")
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        llama_server(binary, embedded_gguf_path(), 8, Path(tmp) / "llama.log") as (url, _),
+    ):
+        return streamed_first_token_s(url, "model", runs, {"cache_prompt": True})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=12)
+    parser.add_argument("--llamacpp", action="store_true", help="llama-server's beside")
     args = parser.parse_args()
     import httpx
 
@@ -119,6 +170,7 @@ def main() -> None:
             (task_id,) = set(_marks) - before
             if i >= 2:
                 rows.append((start, end, _marks[task_id], answer.json()["generation_stats"]))
+        streamed = streamed_first_token_s(f"{running.url}/v1", MODEL_ID, args.runs, {})
     stages = sorted({k for *_, m, _ in rows for k in m}, key=lambda k: rows[0][2].get(k, 0.0))
     for stage in stages:
         after = statistics.median(m[stage] - s for s, _, m, _ in rows if stage in m)
@@ -129,6 +181,11 @@ def main() -> None:
     print(f"{statistics.median(e - s for s, e, _, _ in rows) * 1e3:8.1f} ms")
     print(f"prefix cache: {rows[-1][3].get('prefix_cache_hit')}, ", end="")
     print(f"{rows[-1][3].get('cached_tokens')} of {rows[-1][3].get('prompt_tokens')} tokens")
+    print(f"{'exo: streamed first token (openai)':40}{streamed * 1e3:8.1f} ms")
+    if args.llamacpp:
+        theirs = llamacpp_first_token_s(args.runs)
+        print(f"{'llama-server: streamed first token':40}{theirs * 1e3:8.1f} ms", end="")
+        print(f"   exo / llama.cpp {streamed / theirs:.2f}x")
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
 
 
