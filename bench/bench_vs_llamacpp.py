@@ -220,6 +220,9 @@ def exo_figures(
         figures = measure(url, model.exo_id, model.tokens, streams, {}, rounds)
         figures = with_fairness(figures, url, model.exo_id, {}, pause_tokens)
         assert node.process is not None
+        # An idle runner gives back what its last request freed after 0.5 s
+        # (runner_process.IDLE_TRIM_AFTER_S): memory is read as a user's idle server holds it.
+        time.sleep(1.0)
         node_mb, runner_mb = exo_rss_mb(node.process.pid)
         return dataclasses.replace(figures, rss_mb=runner_mb, node_mb=node_mb)
 

@@ -317,3 +317,53 @@ def test_max_tokens_is_capped_by_the_context(loaded: tuple[Any, Any]) -> None:
     assert finish(got).usage.completion_tokens <= 3
     refused = run(BatchEngine(*loaded, context_length=prompt), {"t": params(PROMPTS[0])})["t"]
     assert isinstance(refused[-1], ErrorChunk) and "context" in refused[-1].message
+
+
+def _steps_to_first_token(
+    engine: BatchEngine, task: str, asked: GenerationParams
+) -> list[list[Chunk]]:
+    """Submit `task`, step until its first token; returns the chunks, one list per step."""
+    engine.submit(TaskId(task), asked)
+    steps: list[list[Chunk]] = []
+    while engine.generated(TaskId(task)) == 0:
+        steps.append(engine.step())
+    return steps
+
+
+def test_the_first_token_comes_in_the_step_that_ends_the_prompt(loaded: tuple[Any, Any]) -> None:
+    """mlx-lm hands a sequence's first token out a step after computing it, once the next
+    token's forward is built and run; the engine hands it out at once (a step earlier), with
+    the same text, logprobs and finish, for a fresh prompt and a cached one."""
+    asked = params(PROMPTS[0], ignore_eos=True, logprobs=True, top_logprobs=2)
+    expected = run(BatchEngine(*loaded, early_first_token=False), {"t": asked})["t"]
+    for cached in (False, True):
+        engines = {
+            early: BatchEngine(
+                *loaded, prefix_cache=PrefixCache(1 << 26, 1), early_first_token=early
+            )
+            for early in (False, True)
+        }
+        steps = {}
+        for early, engine in engines.items():
+            if cached:
+                run(engine, {"warm": asked})
+            steps[early] = len(_steps_to_first_token(engine, "t", asked))
+            got: list[Chunk] = []
+            while engine.active:
+                got += engine.step()
+            assert (finish(got).usage.cached_tokens > 0) == cached
+        assert steps[True] == steps[False] - 1, (cached, steps)
+    engine = BatchEngine(*loaded)
+    first = [c for step in _steps_to_first_token(engine, "t", asked) for c in step]
+    rest: list[Chunk] = []
+    while engine.active:
+        rest += engine.step()
+    got = first + rest
+    assert text(got) == text(expected)
+    assert finish(got).finish_reason == finish(expected).finish_reason
+    assert finish(got).usage.completion_tokens == finish(expected).usage.completion_tokens
+    assert [c.logprobs for c in got if isinstance(c, TextChunk)] == [
+        c.logprobs for c in expected if isinstance(c, TextChunk)
+    ]
+    one = run(BatchEngine(*loaded), {"t": params(PROMPTS[0], max_tokens=1, ignore_eos=True)})
+    assert finish(one["t"]).usage.completion_tokens == 1

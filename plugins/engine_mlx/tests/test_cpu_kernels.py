@@ -37,6 +37,7 @@ from exo_engine_mlx.cpu_kernels import (
     int8_activations,
     keep_dense_weights,
     kept_dense_budget,
+    kept_dense_pays,
     kernel_rate,
     kernel_ready,
     kernels_requested,
@@ -171,6 +172,24 @@ def test_kept_dense_budget() -> None:
     assert kept_dense_budget(gib, {"EXO_KEEP_DENSE_BYTES": "1000"}) == 1000
     with pytest.raises(ValueError, match="EXO_KEEP_DENSE_BYTES"):
         kept_dense_budget(gib, {"EXO_KEEP_DENSE_BYTES": "lots"})
+    # Where the copies do not pay, none unless the setting asks for them.
+    assert kept_dense_budget(64 * gib, {}, pays=False) == 0
+    assert kept_dense_budget(64 * gib, {"EXO_KEEP_DENSE_BYTES": "1000"}, pays=False) == 1000
+
+
+def test_kept_dense_copies_pay_only_where_the_kernel_is_slow() -> None:
+    """AVX-512 runs 4-bit layers near the sgemm's rate: float32 copies buy a prompt little
+    there (SmolLM2: 0-5 % for 425 MB), so none are kept; on AVX2, or for 8-bit layers, they
+    pay. The head is not a kept layer and does not count."""
+    four = nn.Sequential(nn.QuantizedLinear(128, 128, bias=False, group_size=32, bits=4))
+    eight = nn.Sequential(nn.QuantizedLinear(128, 128, bias=False, group_size=32, bits=8))
+    head = nn.Sequential(nn.QuantizedEmbedding(64, 96, group_size=32, bits=4))
+    for model in (four, eight, head):
+        use_kernels(model, threads=1)
+    assert not kept_dense_pays(four, "avx512+avx2+fma")
+    assert kept_dense_pays(four, "avx2+fma")
+    assert kept_dense_pays(eight, "avx512+avx2+fma")
+    assert not kept_dense_pays(head, "avx2+fma")
 
 
 def _kernel_layers(model: nn.Module) -> list[nn.Module]:

@@ -51,7 +51,7 @@ from exo_core.plugin import (
     Usage,
 )
 from exo_core.plugin.parsers import OutputParser
-from exo_engine_mlx.generation_batch import ARGMAX, install
+from exo_engine_mlx.generation_batch import ARGMAX, install, ready_first_tokens
 from exo_engine_mlx.generation_solo import SoloGenerator, batchable
 from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony
 from exo_engine_mlx.output import family_parser
@@ -88,6 +88,9 @@ class _Sequence:
     generated: int = 0
     reasoning: int = 0
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The first token, handed out as the prompt ended (`ready_first_tokens`): mlx-lm's
+    # response for it, a step later, only ends the sequence when it says so.
+    early: int | None = None
 
 
 def has_recurrent_state(model: Any) -> bool:
@@ -186,6 +189,15 @@ class _Guard:
         return process
 
 
+@dataclass(frozen=True)
+class _EarlyToken:
+    """A first token handed out before mlx-lm's response for it (`_early_tokens`)."""
+
+    token: int
+    logprobs: mx.array
+    finish_reason: None = None
+
+
 def _rate(count: int, seconds: float) -> float:
     # A request so short that its time rounds to zero reports no rate rather than crashing.
     return count / seconds if seconds > 0 else 0.0
@@ -205,8 +217,12 @@ class BatchEngine:
         recurrent: bool | None = None,
         batched: bool | None = None,
         vision: VisionInputs | None = None,
+        early_first_token: bool = True,
     ) -> None:
         self.model = model
+        # Hand a sequence's first token out in the step its prompt ends (not in a group: its
+        # ranks step in lockstep on mlx-lm's own schedule).
+        self._early_first_token = early_first_token
         self.vision = vision  # a vision model's images (vision/inputs.py); None: text only
         self.tokenizer = tokenizer
         self.prefix_cache = prefix_cache
@@ -369,8 +385,28 @@ class BatchEngine:
                 continue
             if seq.first_token_at is None:
                 seq.first_token_at = now
-            out.extend(self._token(seq, r))
+            emitted, seq.early = seq.early is not None, None
+            out.extend(self._token(seq, r, emitted=emitted))
+        out.extend(self._early_tokens(prompt_responses))
         return [*out, *self._fail_guarded()]
+
+    def _early_tokens(self, prompt_responses: list[Any]) -> list[Chunk]:
+        """The first tokens of the prompts that ended in this step, handed out now (an
+        end-of-sequence token waits for mlx-lm's response, which says whether it stops)."""
+        generator = self._generator
+        if not self._early_first_token or not isinstance(generator, BatchGenerator):
+            return []
+        ended = [r.uid for r in prompt_responses if r.end_of_prompt and r.uid in self._by_uid]
+        out: list[Chunk] = []
+        now = time.perf_counter()
+        for uid, (token, logprobs) in ready_first_tokens(generator, ended).items():
+            seq = self._by_uid.get(uid)
+            if seq is None or token in self._eos or seq.task_id in self._guard.failed:
+                continue
+            seq.first_token_at = seq.first_token_at or now
+            seq.early = token
+            out.extend(self._token(seq, _EarlyToken(token, logprobs)))
+        return out
 
     def _next(self) -> tuple[list[Any], list[Any]]:
         """The generator's step, with the prefill BLAS threads when it prefills prompts."""
@@ -440,7 +476,20 @@ class BatchEngine:
         del self._by_uid[seq.uid]
         del self._by_task[seq.task_id]
 
-    def _token(self, seq: _Sequence, r: Any) -> list[Chunk]:
+    def _token(self, seq: _Sequence, r: Any, *, emitted: bool = False) -> list[Chunk]:
+        """A response's token as chunks, and the sequence's end when it ends (`emitted`: its
+        token was handed out already, `_early_tokens`)."""
+        out: list[Chunk] = [] if emitted else self._text(seq, r)
+        if seq.text.stopped:
+            self._generator.remove([seq.uid])
+            return [*out, *self._finish(seq, FinishReason.STOP, store=None)]
+        if r.finish_reason is not None:
+            reason = FinishReason.LENGTH if r.finish_reason == "length" else FinishReason.STOP
+            store = (r.all_tokens, r.prompt_cache) if r.prompt_cache is not None else None
+            return [*out, *self._finish(seq, reason, store=store)]
+        return out
+
+    def _text(self, seq: _Sequence, r: Any) -> list[Chunk]:
         token = int(r.token)
         is_eos = token in self._eos and r.finish_reason == "stop"
         if not is_eos:
@@ -454,13 +503,6 @@ class BatchEngine:
             seq.pending_logprobs.clear()
         if not is_eos and _thinking(seq, out):
             seq.reasoning += 1
-        if seq.text.stopped:
-            self._generator.remove([seq.uid])
-            return [*out, *self._finish(seq, FinishReason.STOP, store=None)]
-        if r.finish_reason is not None:
-            reason = FinishReason.LENGTH if r.finish_reason == "length" else FinishReason.STOP
-            store = (r.all_tokens, r.prompt_cache) if r.prompt_cache is not None else None
-            return [*out, *self._finish(seq, reason, store=store)]
         return out
 
     def _logprob(self, token: int, logprobs: mx.array, top: int) -> TokenLogprob:

@@ -7,7 +7,7 @@ the model stays an ordinary mlx-lm model (same parameters, same sharding wrapper
 and tensor splits keep working. A batch of many rows (a prefill) goes through BLAS on the
 dequantized weights where that is faster (`dequantize_pays`); a small model keeps those float32
 weights beside the packed ones (`keep_dense_weights`, EXO_KEEP_DENSE_BYTES), so that a prompt
-does not dequantize every layer again.
+does not dequantize every layer again, where that pays (`kept_dense_pays`: not on AVX-512).
 
 EXO_CPU_KERNELS=auto (default) | float: float32 activations, exact up to summation order.
 EXO_CPU_KERNELS=int8: activations rounded to int8 per 32 values and integer dot products
@@ -54,6 +54,14 @@ DEQUANTIZE_GBPS = 12.0
 LARGE_DEQUANTIZE_GBPS = 1.0
 LARGE_DENSE_BYTES = 32 << 20
 KEPT_DENSE_MAX_BYTES = 1 << 30
+# Float32 copies are kept only where the kernel runs a model's layers below this share of the
+# sgemm's rate. On AVX-512 (4-bit layers, ~0.9x) SmolLM2-135M's copies (425 MB: 63 % of its
+# runner's memory) bought 0-5 % of a prompt's CPU time: 0.60 / 0.61 s with / without them for
+# 100 tokens, 0.97 / 1.02 for 200, 2.89 / 2.95 for 512, 18.76 / 18.78 for 2,048 (2-core EPYC,
+# shared, medians of alternating runs in one process, 2026-12-06): a short prompt stays on the
+# kernel, a long one dequantizes each layer once per 256-row chunk, a small part of its matmul.
+# On AVX2 (~0.6x) a 40-row prompt spends ~20 % of its CPU time dequantizing: there they pay.
+KEPT_DENSE_PAYS_BELOW = 0.8
 
 _QUANTIZED = (
     nn.QuantizedLinear,
@@ -168,22 +176,50 @@ def dense_weight(m: nn.Module) -> mx.array:
 
 
 def _dense_bytes(m: nn.Module) -> int:
-    out_features, words = m["weight"].shape
-    return 4 * int(out_features) * int(words) * 32 // _layout(m)[0]
+    return 4 * int(m["weight"].shape[0]) * _in_features(m)
 
 
-def kept_dense_budget(available_bytes: int, env: Mapping[str, str] | None = None) -> int:
-    """Bytes of float32 weight copies a runner may keep (`keep_dense_weights`): an eighth of
-    the memory available at load, at most 1 GiB (SmolLM2-135M needs ~0.4 GB; a model that
-    needs more has prompts long enough that dequantizing is a small part of them).
-    EXO_KEEP_DENSE_BYTES overrides it (0: keep none)."""
+def kept_dense_pays(model: nn.Module, simd: str | None = None) -> bool:
+    """Whether float32 copies of `model`'s kernel layers would buy its prompts enough to keep
+    them: some layer runs on a kernel path below KEPT_DENSE_PAYS_BELOW x the sgemm's rate
+    (AVX2, 8-bit layers), where dequantizing is a large part of a short prompt. `simd`: the
+    kernels' path (`simd()` when None)."""
+    simd = _simd() if simd is None else simd
+    return any(
+        kernel_rate(bits, _in_features(m), simd) < KEPT_DENSE_PAYS_BELOW * BLAS_GFLOPS
+        for m in _kept_layers(model)
+        for bits in (_layout(m)[0],)
+    )
+
+
+def kept_dense_budget(
+    available_bytes: int, env: Mapping[str, str] | None = None, *, pays: bool = True
+) -> int:
+    """Bytes of float32 weight copies a runner may keep (`keep_dense_weights`): where they pay
+    (`pays`, from `kept_dense_pays`) an eighth of the memory available at load, at most 1 GiB
+    (SmolLM2-135M needs ~0.4 GB; a model that needs more has prompts long enough that
+    dequantizing is a small part of them); else none. EXO_KEEP_DENSE_BYTES overrides both
+    (0: keep none)."""
     env = os.environ if env is None else env
     if value := env.get("EXO_KEEP_DENSE_BYTES", "").strip():
         try:
             return max(0, int(value))
         except ValueError:
             raise ValueError(f"EXO_KEEP_DENSE_BYTES must be a byte count, not {value!r}") from None
-    return min(available_bytes // 8, KEPT_DENSE_MAX_BYTES)
+    return min(available_bytes // 8, KEPT_DENSE_MAX_BYTES) if pays else 0
+
+
+def _in_features(m: nn.Module) -> int:
+    return int(m["weight"].shape[1]) * 32 // _layout(m)[0]
+
+
+def _kept_layers(model: nn.Module) -> list[nn.Module]:
+    """The kernel layers whose float32 copies `keep_dense_weights` keeps (not the head)."""
+    return [
+        m
+        for name, m in model.named_modules()
+        if type(m) in _KERNEL_CLASS.values() and not _is_head(name, m)
+    ]
 
 
 def keep_dense_weights(model: nn.Module, budget_bytes: int) -> int:
@@ -197,11 +233,7 @@ def keep_dense_weights(model: nn.Module, budget_bytes: int) -> int:
     Returns the bytes kept (0: none)."""
     if not _fast_blas():
         return 0
-    layers = [
-        m
-        for name, m in model.named_modules()
-        if type(m) in _KERNEL_CLASS.values() and not _is_head(name, m)
-    ]
+    layers = _kept_layers(model)
     total = sum(_dense_bytes(m) for m in layers)
     if not layers or total > budget_bytes:
         return 0

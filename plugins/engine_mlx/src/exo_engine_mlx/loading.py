@@ -26,11 +26,13 @@ from exo_engine_mlx.blas import dequantize_model, should_dequantize
 from exo_engine_mlx.cpu_kernels import (
     keep_dense_weights,
     kept_dense_budget,
+    kept_dense_pays,
     kernel_ready,
     kernels_requested,
     simd,
     use_kernels,
 )
+from exo_engine_mlx.idle_memory import give_back_freed_memory
 from exo_engine_mlx.metal_fallbacks import install as install_metal_fallbacks
 
 
@@ -91,7 +93,8 @@ def _for_device(model: nn.Module, dense: bool, quantized_kernels: bool) -> None:
     if quantized_kernels:
         switched = use_kernels(model)
         logger.info(f"quantized weights on exo's CPU kernels: {switched} layers ({simd()})")
-        budget = kept_dense_budget(psutil.virtual_memory().available)
+        available = psutil.virtual_memory().available
+        budget = kept_dense_budget(available, pays=kept_dense_pays(model))
         if kept := keep_dense_weights(model, budget):
             logger.info(f"float32 copies of the weights kept for prompts: {kept / 1e6:.0f} MB")
     elif dense:
@@ -151,6 +154,8 @@ def load_model(
             dequantize_sharded(model)
     _for_device(model, dense, quantized_kernels)
     _eval_by_layer(model)
-    # Full tensors read only to be sliced are free now: give them back, not to MLX's cache.
+    # Full tensors read only to be sliced, and float32 scales read only to be narrowed, are
+    # free now: give them back, not to MLX's cache nor to the C heap's free lists.
     mx.clear_cache()
+    give_back_freed_memory()
     return model, tokenizer

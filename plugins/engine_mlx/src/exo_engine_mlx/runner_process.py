@@ -144,6 +144,7 @@ def serve(conn: Connection, launch: Launch) -> int:
         recurrent=recurrent,
         batched=not unbatchable,
         vision=vision,
+        early_first_token=group is None,
     )
     loop = None
     try:
@@ -179,10 +180,27 @@ def serve(conn: Connection, launch: Launch) -> int:
         return 1
 
 
+IDLE_TRIM_AFTER_S = 0.5
+
+
 def _serve_alone(engine: Any, inbox: queue.Queue[ToRunner], out: RunnerOutbox) -> int:
+    from exo_engine_mlx.idle_memory import give_back_freed_memory
+
+    trimmed = True
     while True:
-        # Idle: block for the next request. Busy: take what has arrived, then step.
-        messages = [inbox.get()] if not engine.active else []
+        # Idle: block for the next request. One that comes at once (a client's next turn) is
+        # not kept waiting for the memory the last one freed to be given back (up to tens of
+        # ms on a loaded machine): that waits for a pause of IDLE_TRIM_AFTER_S. Busy: take
+        # what has arrived, then step.
+        messages: list[ToRunner] = []
+        if not engine.active:
+            try:
+                messages.append(inbox.get(timeout=None if trimmed else IDLE_TRIM_AFTER_S))
+            except queue.Empty:
+                give_back_freed_memory()
+                trimmed = True
+                continue
+        trimmed = False
         while True:
             try:
                 messages.append(inbox.get_nowait())
