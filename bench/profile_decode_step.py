@@ -89,7 +89,9 @@ def _by_shape(model: object, steps: int, whole_ms: float, whole_cpu: float) -> N
     for _, b in model.named_modules():  # type: ignore[attr-defined]
         if not isinstance(b, CompiledTransformerBlock):
             continue
-        f = b._fused  # type: ignore[attr-defined]
+        f = getattr(b, "_fused", None)
+        if f is None:
+            continue
         named = [("q/k/v", f.qkv), ("o", f.o_proj), ("gate/up", f.gate_up), ("down", f.down)]
         for label, call in named:
             if call is not None:
