@@ -56,7 +56,13 @@ PROMPTS = [
 ]
 
 
-INT8_MAX_LOGIT_ERROR = 0.12  # of the largest |logit| per position
+# Of the largest |logit| per position: the worst position, and the median one. The worst is a
+# tail of chaotic int8 noise (each layer re-rounds x, so a tiny change flips some roundings):
+# on SmolLM2's 89-token text it ranged 0.057-0.127 between the AVX2 and VNNI kernels (the same
+# integers, float sums in another order) and 0.1 % changes of the embedding's scales; the
+# median stayed 0.027-0.034.
+INT8_MAX_LOGIT_ERROR = 0.2
+INT8_MEDIAN_LOGIT_ERROR = 0.05
 INT8_TIE_MARGIN = 0.5  # below this dense top-1 margin, int8 may pick the runner-up
 
 
@@ -77,7 +83,9 @@ def _both(model_dir: Path, int8: bool = False) -> tuple[Any, Any, Any]:
 def _assert_int8_close(got: np.ndarray, want: np.ndarray) -> None:
     """int8-activation logits against dense ones, [positions, vocab]: the stated tolerance."""
     top = np.abs(want).max(-1)
-    assert np.all(np.abs(got - want).max(-1) <= INT8_MAX_LOGIT_ERROR * top)
+    error = np.abs(got - want).max(-1) / top
+    assert error.max() <= INT8_MAX_LOGIT_ERROR
+    assert np.median(error) <= INT8_MEDIAN_LOGIT_ERROR
     ranked = np.sort(want, axis=-1)
     clear = ranked[:, -1] - ranked[:, -2] > INT8_TIE_MARGIN
     assert np.array_equal(got.argmax(-1)[clear], want.argmax(-1)[clear])

@@ -36,6 +36,10 @@ struct Problem {
   const int8_t* qx;       // [M, K]
   const float* dx;        // [M, K / 32]
   const float* dxt;       // [K / 32, M4]: dx transposed, M rounded up to 4 (4-row kernel)
+  // The VNNI kernel's (`compute_vnni`): per row and unit of 64, each lane's accumulator start
+  // (-8 * the sum of its 4 int8 values) and each lane's dx; qx then in that kernel's order.
+  const int32_t* qc = nullptr;  // [M, K / 64, 16]
+  const float* dxv = nullptr;   // [M, K / 64, 16]
   int64_t m4;
   int64_t M, N, K, G;
   int group_size, bits;
@@ -69,6 +73,14 @@ void force_avx2(bool on);  // tests: the AVX2 paths even where AVX-512 is presen
 // hands rows of W to the threads, each calling rows_avx512 on its rows [n0, n1).
 void compute_avx512(Problem p, void (*run)(const Problem&));
 void rows_avx512(const Problem& p, int64_t n0, int64_t n1);
+
+// The int8-activation path of 4-bit layers on AVX-512 VNNI (qmatmul_vnni.cpp).
+bool vnni_available();  // the CPU has AVX512F/BW/VL + VNNI and tests forced no narrower path
+bool vnni_takes(const Problem& p);  // int8 activations, 4 bits, K % 64 == 0
+void force_no_vnni(bool on);  // tests: the AVX2 int8 kernels even where VNNI is present
+// One call on it (p.qx / p.dx: x quantized by the int8 path): x reordered, then `run(p)`.
+void compute_vnni(Problem p, void (*run)(const Problem&));
+void rows_vnni(const Problem& p, int64_t n0, int64_t n1);
 
 #ifdef EXO_X86
 // bias[i][r] = sum_g biases[(n0 + i) * G + g] * xst[4 g + r] for the weight rows [n0, n1) (at

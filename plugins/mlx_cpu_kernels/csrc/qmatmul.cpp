@@ -746,6 +746,8 @@ void rows_f32(const Problem& p, int64_t n0, int64_t n1) {
       dequantize_avx2(p, n0, n1);
     else if (exo_kernels::avx512_takes(p))
       exo_kernels::rows_avx512(p, n0, n1);
+    else if (exo_kernels::vnni_takes(p))
+      exo_kernels::rows_vnni(p, n0, n1);
     else if (p.int8)
       p.bits == 4 ? rows_avx2_q8<4>(p, n0, n1) : rows_avx2_q8<8>(p, n0, n1);
     else if (p.M > 1 && (p.bits == 8 || p.xp != nullptr))
@@ -779,10 +781,10 @@ void rows_f32(const Problem& p, int64_t n0, int64_t n1) {
 constexpr int64_t kWidenRowsOne = 4;
 constexpr int64_t kWidenRowsMany = 256;
 
-// The kernels that read 16-bit scales in place, each row block's widened into L1 as it starts:
-// a one-row decode step on AVX-512.
+// The kernels that read 16-bit scales in place: a one-row decode step on AVX-512 (each row
+// block's widened into L1 as it starts), and the VNNI int8 kernels.
 bool reads_half_scales(const Problem& p) {
-  return p.M == 1 && exo_kernels::avx512_takes(p);
+  return (p.M == 1 && exo_kernels::avx512_takes(p)) || exo_kernels::vnni_takes(p);
 }
 
 // Rows [n0, n1) of W against x. 16-bit scales and biases are read in place where the kernel
@@ -956,7 +958,10 @@ void compute(Problem p) {
     for (int64_t m = 0; m < p.M; ++m)
       for (int64_t b = 0; b < p.K / 32; ++b) dxt[b * p.m4 + m] = dx[m * (p.K / 32) + b];
     p.dxt = dxt.data();
-    run(p);
+    if (exo_kernels::vnni_takes(p))
+      exo_kernels::compute_vnni(p, &run);
+    else
+      run(p);
     return;
   }
   if (exo_kernels::avx512_takes(p)) {
@@ -1190,6 +1195,12 @@ NB_MODULE(_ext, m) {
       [](bool on) { exo_kernels::force_avx2(on); },
       nb::arg("on"),
       "Use the AVX2 paths even where AVX-512 is present (for tests).");
+  m.def(
+      "force_no_vnni",
+      [](bool on) { exo_kernels::force_no_vnni(on); },
+      nb::arg("on"),
+      "Use the AVX2 int8 kernels even where AVX-512 VNNI is present (for tests).");
+  m.def("vnni", []() { return exo_kernels::vnni_available(); });
   m.def("simd", []() {
     return exo_kernels::avx512_available() ? "avx512+avx2+fma"
         : has_avx2()                        ? "avx2+fma"

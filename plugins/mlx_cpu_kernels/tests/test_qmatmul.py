@@ -187,3 +187,41 @@ def test_many_rows_give_each_row_its_own_bits(path: str, bits: int, group_size: 
         np.testing.assert_array_equal(np.array(part), batch[:rows])
     dense = x @ mx.dequantize(wq, scales, biases, group_size=group_size, bits=bits).T
     np.testing.assert_allclose(batch, np.array(dense), rtol=1e-4, atol=1e-3)
+
+
+# ---------------------------------------------------------------- int8 activations on VNNI
+
+
+@pytest.mark.skipif(not kernels.vnni(), reason="this CPU has no AVX-512 VNNI")
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 6, 45])  # one row; a block of 4 and a tail; 11 blocks + 1
+@pytest.mark.parametrize("half", [False, True])  # float16 scales are read in place
+def test_vnni_int8_equals_the_avx2_int8_kernel(group_size: int, rows: int, half: bool) -> None:
+    """The VNNI kernel computes the AVX2 int8 kernel's integers (centred weights against the
+    same int8 x) and differs only in the order of the float sums after: within 1e-5 of the
+    largest output of it, and both within the int8 path's definition."""
+    wq, scales, biases = _quantized(203, 512, group_size, 4)  # 203: a tail of 3 weight rows
+    if half:
+        scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
+    x = mx.random.normal((rows, 512), key=mx.random.key(rows + 100)) * 3
+    x = mx.concatenate([mx.zeros((rows, 32)), x[:, 32:]], axis=1)  # an all-zero block: dx = 0
+    vnni = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, 4, True))
+    kernels.force_no_vnni(True)
+    try:
+        assert not kernels.vnni()
+        avx2 = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, 4, True))
+    finally:
+        kernels.force_no_vnni(False)
+    assert kernels.vnni()
+    np.testing.assert_allclose(vnni, avx2, rtol=0, atol=1e-5 * np.abs(avx2).max())
+    s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
+    expected, _ = _int8_reference(x, wq, s32, b32, group_size, 4)
+    np.testing.assert_allclose(vnni, expected, rtol=1e-4, atol=1e-3)
+
+
+def test_forcing_avx2_turns_vnni_off() -> None:
+    kernels.force_avx2(True)
+    try:
+        assert not kernels.vnni()
+    finally:
+        kernels.force_avx2(False)

@@ -80,6 +80,18 @@ def force_avx2(on: bool) -> None:
         _ext.force_avx2(on)
 
 
+def vnni() -> bool:
+    """Whether int8 activations of 4-bit layers take the AVX-512 VNNI kernel (`vpdpbusd`) on
+    this CPU: the CPU has it, the extension was built, and no test forced a narrower path."""
+    return bool(_ext.vnni()) if _ext is not None else False
+
+
+def force_no_vnni(on: bool) -> None:
+    """Take the AVX2 int8 kernels even where AVX-512 VNNI is present (tests compare them)."""
+    if _ext is not None:
+        _ext.force_no_vnni(on)
+
+
 def _built() -> Any:
     """The extension module, or a RuntimeError saying why it is not built."""
     if _ext is None:
