@@ -193,6 +193,44 @@ def join_group(
     return group
 
 
+def ring_peers_lost(spec: RunnerSpec) -> Callable[[], str | None]:
+    """A probe for `Watchdog.watch`: words when a TCP connection of this rank's ring (those
+    made with its address or with a peer's, established when this is called, after the group
+    formed) has been closed by the peer or reset, else None. A peer process that dies has its
+    connections closed by its kernel; a machine that vanishes closes none (the deadline then)."""
+    import psutil
+
+    addresses = ring_addresses(spec.instance)
+    own = _split(addresses[spec.shard.rank])
+    peers = {_split(a): rank for rank, a in enumerate(addresses) if rank != spec.shard.rank}
+    process = psutil.Process()
+
+    def ring_connections() -> dict[tuple[Any, Any], str]:
+        found: dict[tuple[Any, Any], str] = {}
+        for c in process.net_connections(kind="tcp"):
+            local = (c.laddr.ip, c.laddr.port) if c.laddr else None
+            remote = (c.raddr.ip, c.raddr.port) if c.raddr else None
+            if remote is not None and (local == own or remote in peers):
+                found[(local, remote)] = c.status
+        return found
+
+    established = [k for k, v in ring_connections().items() if v == psutil.CONN_ESTABLISHED]
+
+    def lost() -> str | None:
+        now = ring_connections()
+        for key in established:
+            status = now.get(key)
+            if status == psutil.CONN_ESTABLISHED:
+                continue
+            remote = key[1]
+            who = f"rank {peers[remote]}" if remote in peers else f"the peer at {remote[0]}"
+            how = "reset" if status is None else f"closed by the peer ({status})"
+            return f"the connection to a peer was lost ({who}: {how})"
+        return None
+
+    return lost
+
+
 def start_rank_reader(
     conn: Connection, deliver: Callable[[ToRunner], None], in_group: bool, rank: int
 ) -> None:
