@@ -1,5 +1,6 @@
 """What a pipeline's ranks move per decode step: the hidden state between ranks and the last
-rank's sampled tokens (plus the logprobs a request reads), never the whole logits.
+rank's sampled tokens (plus the logprobs a request reads), handed on point to point, never
+the whole logits.
 
 Each rank of a 2-rank pipeline of the tiny model runs its own `BatchEngine` in this process,
 with MLX's point-to-point and collective calls replaced by counters (a received hidden state is
@@ -86,10 +87,13 @@ def _request(**kw: Any) -> GenerationParams:
     )
 
 
+TOKENS = 4 * SEQUENCES  # the largest token hand-on of a step: an id a sequence, float32
+
+
 def _decode_steps(
     engine: BatchEngine, requests: dict[str, GenerationParams], calls: list[tuple[str, int]]
 ) -> list[list[tuple[str, int]]]:
-    """Each step's all_sum payloads, once every request decodes (prefill steps left out)."""
+    """Each decode step's transfers (prefill steps, which hand on no tokens, left out)."""
     for task_id, params in requests.items():
         assert engine.submit(TaskId(task_id), params) == []
     steps: list[list[tuple[str, int]]] = []
@@ -97,8 +101,8 @@ def _decode_steps(
         calls.clear()
         engine.step()
         steps.append(list(calls))
-    # The steps where every sequence decodes: one all_sum each, of the whole batch.
-    return [s for s in steps if any(k == "all_sum" for k, _ in s)]
+    # A decode step ends by handing on the sampled tokens: a few bytes.
+    return [s for s in steps if s and s[-1][1] <= TOKENS]
 
 
 @pytest.mark.parametrize("rank", [0, 1])
@@ -114,18 +118,15 @@ def test_a_decode_step_moves_the_hidden_state_and_4_bytes_a_sequence(
     }
     steps = _decode_steps(engine, requests, moved)
     assert steps
+    # Rank 0 sends the hidden state on and receives the tokens; the last rank the reverse.
+    hidden, tokens = ("send", "recv") if rank == 0 else ("recv", "send")
     for step in steps:
-        sums = [size for kind, size in step if kind == "all_sum"]
-        # One all_sum a step: the sampled ids of the batch (at most 3 sequences), float32
-        # each, never the logits.
-        assert len(sums) == 1 and sums[0] <= 4 * SEQUENCES, step
-        for kind, size in step:
-            if kind != "all_sum":
-                # The hidden state of one token a sequence.
-                assert kind == ("send" if rank == 0 else "recv")
-                assert size <= SEQUENCES * HIDDEN * 4, step
-    # Every all_sum of the whole run together is smaller than one row of logits used to be.
-    assert sum(size for s in steps for k, size in s if k == "all_sum") < VOCAB * 4
+        # The hidden state of one token a sequence, then the sampled ids (float32 each):
+        # never the logits, and no all_sum.
+        assert [kind for kind, _ in step] == [hidden, tokens], step
+        assert step[0][1] <= SEQUENCES * HIDDEN * 4 and step[1][1] <= TOKENS, step
+    # Every token hand-on of the whole run together is smaller than one row of logits was.
+    assert sum(s[1][1] for s in steps) < VOCAB * 4
 
 
 def test_logprobs_add_only_the_token_and_its_alternatives(
@@ -133,7 +134,12 @@ def test_logprobs_add_only_the_token_and_its_alternatives(
 ) -> None:
     engine = _engine(model_dir, 1)
     top = 3
-    steps = _decode_steps(engine, {"lp": _request(logprobs=True, top_logprobs=top)}, moved)
-    sizes = {size for s in steps for k, size in s if k == "all_sum"}
+    for task_id, params in {"lp": _request(logprobs=True, top_logprobs=top)}.items():
+        assert engine.submit(TaskId(task_id), params) == []
+    sizes: set[int] = set()
+    while engine.active:
+        moved.clear()
+        engine.step()
+        sizes |= {size for kind, size in moved if kind == "send"}
     # The token's id, then (id, logprob) for it and each alternative: float32 each.
     assert sizes == {4 * (1 + 2 * (1 + top))}

@@ -4,10 +4,11 @@ Only a pipeline's last rank computes logits. Every rank still runs the same batc
 (the same requests, samplers with their seeded keys, logits processors, stop rules), so every
 rank must learn the tokens the last rank picked. Each decode step the rows' samplers run on
 every rank (elsewhere on placeholder logits, so that a sampler or processor that fails does so
-on every rank alike), and the last rank's result is summed over the group with zeros from the
-others: one float32 `all_sum` of the sampled ids, plus, for a request that reads logprobs, its
-token's and its top alternatives' ids and log-probabilities. That is 4 bytes a sequence a step
-(greedy or sampled), against the whole vocabulary's logits before (SmolLM2: 196 kB).
+on every rank alike), and the last rank's result is handed round the ring (last -> 0 -> 1 ...,
+point to point, one hop to rank 0): one float32 array of the sampled ids, plus, for a request
+that reads logprobs, its token's and its top alternatives' ids and log-probabilities. That is
+4 bytes a sequence a step (greedy or sampled), against the whole vocabulary's logits before
+(SmolLM2: 196 kB).
 
 A request's logprobs row is rebuilt from those few values: -inf everywhere but the token and
 its alternatives, which is all `BatchEngine` reads of it.
@@ -52,10 +53,7 @@ class LastRankSampling:
             parts += [ids.astype(mx.float32), rows[e][ids].astype(mx.float32)]
             wanted.append((e, ids.shape[0]))
         payload = mx.concatenate(parts) if len(parts) > 1 else parts[0]
-        if not self.last:
-            # Zeros, after this rank's own sampling ran: its keys and contexts advance alike.
-            payload = mx.depends(mx.zeros_like(payload), payload)
-        shared = mx.distributed.all_sum(payload, group=self.group)
+        shared = self._relay(payload)
         tokens = shared[:count].astype(sampled.dtype)
         out = list(rows)
         at = count
@@ -65,6 +63,25 @@ class LastRankSampling:
             at += 2 * n
             out[e] = mx.full((vocabulary,), -mx.inf, mx.float32).at[ids].maximum(values)
         return tokens, out
+
+    def _relay(self, payload: mx.array) -> mx.array:
+        """The last rank's `payload` on every rank, handed round the ring: last -> 0 -> 1 ->
+        ... -> the rank before the last. Rank 0, which starts the next step, has it after one
+        hop (an all_sum of two ranks takes two exchanges)."""
+        rank, size = self.group.rank(), self.group.size()
+        if size == 1:
+            return payload
+        if self.last:
+            sent = mx.distributed.send(payload, (rank + 1) % size, group=self.group)
+            return mx.depends(payload, sent)
+        # This rank's own sampling still runs (its keys and contexts advance alike), and is
+        # queued on the stream first, with this step's forward and the hidden state's send:
+        # a receive has no inputs to order it by, and before the send it would wait forever.
+        mx.async_eval(payload)
+        got = mx.distributed.recv_like(payload, (rank - 1) % size, group=self.group)
+        if rank + 1 < size - 1:
+            got = mx.depends(got, mx.distributed.send(got, rank + 1, group=self.group))
+        return got
 
 
 def _reported_ids(token: mx.array, row: mx.array, top: int) -> mx.array:
