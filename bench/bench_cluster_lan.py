@@ -40,7 +40,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,17 +198,19 @@ def llamacpp_binaries() -> tuple[Path, Path] | None:
 
 
 def llamacpp_run(
-    net: EmulatedNetwork, binaries: tuple[Path, Path], tokens: int, streams: list[int]
-) -> Run:
+    net: EmulatedNetwork, binaries: tuple[Path, Path], tokens: int, streams: list[int], logs: Path
+) -> Run | None:
     """llama.cpp's RPC split over the same two hosts: an rpc-server in each (the layers split
-    between them), llama-server in host 0 driving both."""
+    between them), llama-server in host 0 driving both; None (with its log's tail) if it did
+    not come up."""
     from exo_engine_mlx.embedded import embedded_gguf_path
 
     server, rpc_server = binaries
     threads = [str(len(h.cpus) or os.cpu_count() or 1) for h in net.hosts]
+    log = (logs / "llamacpp.log").open("ab")
     rpcs = [
         net.popen(i, [str(rpc_server), "--host", h.address, "--port", str(RPC_PORT),
-                      "-t", threads[i]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                      "-t", threads[i]], stdout=log, stderr=subprocess.STDOUT)
         for i, h in enumerate(net.hosts)
     ]  # fmt: skip
     slots = max([1, *streams])
@@ -218,16 +220,22 @@ def llamacpp_run(
         [str(server), "-m", str(embedded_gguf_path()), "--host", net.hosts[0].api_address,
          "--port", str(LLAMA_PORT), "--rpc", endpoints, "-ngl", "99", "-t", threads[0],
          "--parallel", str(slots), "-c", str(512 * slots)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         url = f"http://{net.hosts[0].api_address}:{LLAMA_PORT}"
-        wait_until(lambda: _healthy(url), timeout=300)
+        with suppress(TimeoutError):
+            wait_until(lambda: _healthy(url) or llama.poll() is not None, timeout=600)
+        if not _healthy(url):
+            tail = (logs / "llamacpp.log").read_text(errors="replace")[-2000:]
+            print(f"llama.cpp RPC did not come up; its log ends:\n{tail}", flush=True)
+            return None
         return measure_url(net, url, tokens, streams, idle=False)
     finally:
         for process in (llama, *rpcs):
             process.kill()
             process.wait(timeout=30)
+        log.close()
 
 
 def _healthy(url: str) -> bool:
@@ -279,7 +287,9 @@ def main() -> None:
                 systems["one"].append(exo_run(net, nodes, 1, args.tokens, streams))
                 systems["two"].append(exo_run(net, nodes, 2, args.tokens, streams))
                 if binaries is not None:
-                    systems["llama"].append(llamacpp_run(net, binaries, args.tokens, streams))
+                    run = llamacpp_run(net, binaries, args.tokens, streams, Path(tmp))
+                    if run is not None:
+                        systems["llama"].append(run)
                 print(f"round {r + 1}: " + _round_line(systems), flush=True)
     _report(args, streams, net_pins=[h.cpus for h in net.hosts], systems=systems)
 

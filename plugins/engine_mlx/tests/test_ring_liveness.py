@@ -1,5 +1,6 @@
 """A dead ring peer is noticed within a second: the probe of the ring's connections
-(`ring_peers_lost`) and the watchdog that asks it during a long guarded wait.
+(`ring_peers_lost`) and the watchdog that asks it during a long guarded wait. And the ring's
+sockets wait in the kernel, not in a spinning thread (`calm_ring_sockets`).
 
 MLX's ring does not always fail a collective when its peer dies (a socket's thread that saw the
 peer go ends, and a collective queued there later waits forever); test_distributed.py's
@@ -7,8 +8,12 @@ peer go ends, and a collective queued there later waits forever); test_distribut
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import socket
+import struct
+import sys
 import threading
 import time
 import types
@@ -18,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from exo_core.plugin.engine import Watchdog, ring_peers_lost
+from exo_core.ring import calm_ring_sockets
 from exo_engine_mlx.distributed.testing import free_ports, group_specs
 
 
@@ -37,7 +43,7 @@ def ring(tmp_path: Path) -> Iterator[tuple[list[int], list[socket.socket]]]:
     peer_accepted, _ = listeners[1].accept()
     sockets = [peer_connects, ours_accepted, ours_connects, peer_accepted, *listeners]
     try:
-        yield ports, [peer_connects, peer_accepted]
+        yield ports, [peer_connects, peer_accepted, ours_accepted, ours_connects]
     finally:
         for s in sockets:
             s.close()
@@ -46,11 +52,11 @@ def ring(tmp_path: Path) -> Iterator[tuple[list[int], list[socket.socket]]]:
 def test_the_probe_names_the_peer_whose_connection_closed(
     tmp_path: Path, ring: tuple[list[int], list[socket.socket]]
 ) -> None:
-    ports, peer_ends = ring
+    ports, ends = ring
     spec = group_specs(tmp_path, sharding="pipeline", world=2, ports=ports)[0]
     lost = ring_peers_lost(spec)
     assert lost() is None
-    for s in peer_ends:
+    for s in ends[:2]:
         s.close()  # as the kernel closes a killed process's sockets
     deadline = time.monotonic() + 5
     while (words := lost()) is None and time.monotonic() < deadline:
@@ -80,3 +86,23 @@ def test_a_watchdog_ends_a_long_wait_when_its_probe_sees_a_peer_gone(
         "a step of the runner group failed: the connection to a peer was lost (rank 1)"
     )
     assert asked[0] - started >= 0.3  # a short step is never probed
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="changed on Linux only")
+def test_the_ring_sockets_wait_in_the_kernel_with_a_short_timeout(
+    tmp_path: Path, ring: tuple[list[int], list[socket.socket]]
+) -> None:
+    ports, ends = ring
+    ours = ends[2:]
+    for s in ours:
+        s.setblocking(False)  # as MLX's ring leaves them
+    spec = group_specs(tmp_path, sharding="pipeline", world=2, ports=ports)[0]
+    assert calm_ring_sockets(spec) == 2  # rank 0's two, not the peer's ends
+    for s in ours:
+        assert not fcntl.fcntl(s.fileno(), fcntl.F_GETFL) & os.O_NONBLOCK
+        seconds, micros = struct.unpack(
+            "ll", s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16)
+        )
+        assert seconds == 0 and 0 < micros <= 10_000  # 1 ms, rounded up to a kernel tick
+    for s in ends[:2]:
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, 16) == bytes(16)
