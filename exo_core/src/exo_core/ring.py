@@ -29,6 +29,7 @@ import secrets
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -190,7 +191,89 @@ def join_group(
     group = form_group(spec, timeout_s)
     with guard("joining the runner group", timeout_s):
         prove_membership(group, os.environ.get(RING_TOKEN_ENV, ""))
+    calm_ring_sockets(spec)
     return group
+
+
+def _ring_connections(spec: RunnerSpec) -> tuple[Callable[[], list[Any]], dict[Any, int]]:
+    """A lister of this rank's ring TCP connections (psutil's: address pair, status, fd): those
+    made with its own ring address or with a peer's; and the peers' addresses, with their ranks."""
+    import psutil
+
+    addresses = ring_addresses(spec.instance)
+    own = _split(addresses[spec.shard.rank])
+    peers = {_split(a): rank for rank, a in enumerate(addresses) if rank != spec.shard.rank}
+    process = psutil.Process()
+
+    def connections() -> list[Any]:
+        return [
+            c
+            for c in process.net_connections(kind="tcp")
+            if c.raddr and ((c.laddr.ip, c.laddr.port) == own or tuple(c.raddr) in peers)
+        ]
+
+    return connections, peers
+
+
+def ring_peers_lost(spec: RunnerSpec) -> Callable[[], str | None]:
+    """A probe for `Watchdog.watch`: words when a TCP connection of this rank's ring (those
+    made with its address or with a peer's, established when this is called, after the group
+    formed) has been closed by the peer or reset, else None. A peer process that dies has its
+    connections closed by its kernel; a machine that vanishes closes none (the deadline then)."""
+    import psutil
+
+    connections, peers = _ring_connections(spec)
+
+    def statuses() -> dict[tuple[Any, Any], str]:
+        return {(tuple(c.laddr), tuple(c.raddr)): c.status for c in connections()}
+
+    established = [k for k, v in statuses().items() if v == psutil.CONN_ESTABLISHED]
+
+    def lost() -> str | None:
+        now = statuses()
+        for key in established:
+            status = now.get(key)
+            if status == psutil.CONN_ESTABLISHED:
+                continue
+            remote = key[1]
+            who = f"rank {peers[remote]}" if remote in peers else f"the peer at {remote[0]}"
+            how = "reset" if status is None else f"closed by the peer ({status})"
+            return f"the connection to a peer was lost ({who}: {how})"
+        return None
+
+    return lost
+
+
+# How long a ring socket's thread waits in the kernel for data before it turns to its queued
+# sends (see `calm_ring_sockets`).
+SOCKET_WAIT_S = 0.001
+
+
+def calm_ring_sockets(spec: RunnerSpec) -> int:
+    """Make this rank's ring sockets wait in the kernel instead of spinning. MLX's ring gives
+    each socket a thread that, while a transfer is pending, calls a non-blocking recv or send
+    in a loop: a whole core spent on waiting for the peer, taken from the node and from this
+    rank's own next step where they share it. Blocking with a 1 ms timeout, the thread sleeps
+    until data comes (no added latency) and still turns to a queued send within a kernel tick
+    (1 ms asked, a few ms given); a peer that closes still fails the transfer at once. Linux only (struct timeval's layout);
+    returns how many sockets were changed."""
+    if sys.platform != "linux":
+        return 0
+    connections, _ = _ring_connections(spec)
+    wait = struct.pack("ll", 0, round(SOCKET_WAIT_S * 1_000_000))
+    changed = 0
+    for c in connections():
+        if c.fd < 0:
+            continue
+        s = socket.socket(fileno=os.dup(c.fd))  # the same socket; closing the copy keeps it
+        try:
+            s.setblocking(True)  # clears O_NONBLOCK, which the descriptors share
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, wait)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, wait)
+            changed += 1
+        finally:
+            s.close()
+    return changed
 
 
 def start_rank_reader(

@@ -12,8 +12,10 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from exo_core.plugin import (
@@ -23,7 +25,10 @@ from exo_core.plugin import (
     FinishReason,
     RunnerStatus,
     SamplingParams,
+    Task,
+    TaskId,
     TextChunk,
+    TokenLogprob,
 )
 from exo_core.plugin.engine import RING_TOKEN_ENV
 from exo_engine_mlx.distributed.testing import (
@@ -286,3 +291,51 @@ def test_the_prefix_cache_hits_alike_on_every_rank(pipeline2: RunnerGroup) -> No
     done = final(again[0])
     assert isinstance(done, FinishChunk) and done.usage.cached_tokens > 0
     assert text_of(again[0]) == text_of(first[0])
+
+
+def _asking(t: Task, **params: Any) -> Task:
+    return msgspec.structs.replace(t, params=msgspec.structs.replace(t.params, **params))
+
+
+def _answer(chunks: list[Chunk]) -> tuple[str, list[TokenLogprob], str, int]:
+    done = final(chunks)
+    assert isinstance(done, FinishChunk), done
+    logprobs = [lp for c in chunks if isinstance(c, TextChunk) for lp in c.logprobs]
+    return text_of(chunks), logprobs, str(done.finish_reason), done.usage.completion_tokens
+
+
+def test_sampling_logprobs_and_stops_of_a_batch_answer_as_one_rank(
+    model_dir: Path, pipeline2: RunnerGroup
+) -> None:
+    # Rank 0 has no logits of its own: it streams the tokens and logprobs the last rank
+    # shares (distributed/sampled.py). One batch mixes seeded sampling with penalties,
+    # logprobs with alternatives, a stop string and plain greedy.
+    with running_group(group_specs(model_dir, sharding="pipeline", world=1)) as single:
+        plain = text_of(single.generate(task("probe", PROMPTS["a"], max_tokens=24))[0])
+        stop = plain[len(plain) // 2 :][:3]
+        assert stop.strip()
+        seeded = SamplingParams(temperature=0.9, top_p=0.95, seed=11, presence_penalty=0.4)
+        tasks = [
+            _asking(task("sampled", PROMPTS["b"], max_tokens=16, sampling=seeded), logprobs=True),
+            _asking(task("top", PROMPTS["c"], max_tokens=16), logprobs=True, top_logprobs=3),
+            _asking(task("stop", PROMPTS["a"], max_tokens=24), stop=(stop,)),
+            task("plain", PROMPTS["b"], max_tokens=16),
+        ]
+        alone = {k: _answer(v[0]) for k, v in single.generate_many(tasks).items()}
+    together = pipeline2.generate_many(tasks)
+    assert alone[TaskId("stop")][2] == str(FinishReason.STOP)
+    for task_id, by_rank in together.items():
+        assert isinstance(final(by_rank[1]), FinishChunk)
+        text, logprobs, reason, count = _answer(by_rank[0])
+        want_text, want_logprobs, want_reason, want_count = alone[task_id]
+        assert (text, reason, count) == (want_text, want_reason, want_count), task_id
+        assert [lp.token for lp in logprobs] == [lp.token for lp in want_logprobs]
+        assert [lp.logprob for lp in logprobs] == pytest.approx(
+            [lp.logprob for lp in want_logprobs], abs=1e-4
+        )
+        for got, want in zip(logprobs, want_logprobs, strict=True):
+            assert [t.token for t in got.top] == [t.token for t in want.top], task_id
+            assert [t.logprob for t in got.top] == pytest.approx(
+                [t.logprob for t in want.top], abs=1e-4
+            )
+    assert all(len(lp.top) == 3 for lp in _answer(together[TaskId("top")][0])[1])

@@ -23,6 +23,7 @@ from exo_core.ring import (
     broadcast,
     group_env,
     join_group,
+    ring_peers_lost,
     ring_token,
     start_rank_reader,
 )
@@ -71,6 +72,7 @@ __all__ = [
     # files
     "replace_durably",
     "report_load_failure",
+    "ring_peers_lost",
     "ring_token",
     "run_runner_child",
     "runner_env",

@@ -20,6 +20,7 @@ docs/testing-network.md."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import ipaddress
 import itertools
@@ -121,9 +122,15 @@ class Host:
     namespace: str
     address: str  # on the emulated network (198.18/16)
     api_address: str  # the host's end of its management veth (198.19/16)
+    # CPUs the host's processes may run on (empty: any). Emulating machines on one box, a
+    # host pinned to its own core computes as a machine of that many cores would.
+    cpus: tuple[int, ...] = ()
 
     def exec_prefix(self) -> list[str]:
-        return ["ip", "netns", "exec", self.namespace]
+        prefix = ["ip", "netns", "exec", self.namespace]
+        if self.cpus:
+            prefix += ["taskset", "--cpu-list", ",".join(map(str, self.cpus))]
+        return prefix
 
 
 class EmulatedNetwork:
@@ -135,6 +142,10 @@ class EmulatedNetwork:
 
     def __len__(self) -> int:
         return len(self.hosts)
+
+    def pin(self, index: int, cpus: Sequence[int]) -> None:
+        """Run host `index`'s processes started from now on (exo, runners, popen) on `cpus`."""
+        self.hosts[index] = dataclasses.replace(self.hosts[index], cpus=tuple(cpus))
 
     def set_link(self, spec: LinkSpec, a: int | None = None, b: int | None = None) -> None:
         """Set the link between a and b (None: every host), both directions."""

@@ -39,6 +39,7 @@ from exo_core.plugin.engine import (
     barrier,
     join_group,
     report_load_failure,
+    ring_peers_lost,
     run_runner_child,
     start_rank_reader,
 )
@@ -195,6 +196,7 @@ def _load(launch: Launch, out: RunnerOutbox, watchdog: Watchdog) -> tuple[object
     if spec.shard.world_size > 1:
         out.status(RunnerStatus.CONNECTING)
         group = join_group(spec, launch.connect_timeout_s, watchdog.guard)
+        watchdog.watch(ring_peers_lost(spec))  # a dead peer ends a wait at once
     out.status(RunnerStatus.LOADING)
     loaded = pipeline.load(pipeline_family(spec.card), Path(spec.model_path))
     if group is not None:

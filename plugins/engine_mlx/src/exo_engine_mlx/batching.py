@@ -51,7 +51,7 @@ from exo_core.plugin import (
     Usage,
 )
 from exo_core.plugin.parsers import OutputParser
-from exo_engine_mlx.generation_batch import ARGMAX, install, ready_first_tokens
+from exo_engine_mlx.generation_batch import ARGMAX, ReadsLogprobs, install, ready_first_tokens
 from exo_engine_mlx.generation_solo import SoloGenerator, batchable
 from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony
 from exo_engine_mlx.output import family_parser
@@ -360,7 +360,9 @@ class BatchEngine:
         # normalisation: generation_batch.py); an argmax cannot fail, so it needs no guard.
         if params.sampling.temperature == 0 and not params.logprobs:
             return ARGMAX
-        return self._guard.sampler(task_id, make_sampler(params.sampling))
+        sampler = self._guard.sampler(task_id, make_sampler(params.sampling))
+        # Marked, so that a pipeline's ranks share this request's logprobs (only its).
+        return ReadsLogprobs(sampler, params.top_logprobs) if params.logprobs else sampler
 
     def cancel(self, task_id: TaskId) -> list[Chunk]:
         seq = self._by_task.get(task_id)

@@ -12,7 +12,6 @@ the model (LOADING), warms up in step with the other ranks (WARMING_UP), then se
 from __future__ import annotations
 
 import queue
-from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -35,6 +34,7 @@ from exo_core.plugin.engine import (
     RunnerSpec,
     RunnerSubmit,
     ToRunner,
+    Watchdog,
     report_load_failure,
     run_runner_child,
     start_rank_reader,
@@ -68,7 +68,7 @@ def _prefix_budget(spec: RunnerSpec, options: RunnerOptions) -> int:
     return options.prefix_cache_bytes // n_layers * (shard.end_layer - shard.start_layer)
 
 
-def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any]) -> tuple[Any, Any]:
+def _load(launch: Launch, out: RunnerOutbox, watchdog: Watchdog) -> tuple[Any, Any]:
     """Join the group when there is one, then load this runner's part of the model."""
     from exo_engine_mlx.loading import ShardPlan, load_model
 
@@ -76,10 +76,14 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
     if spec.shard.world_size <= 1:
         out.status(RunnerStatus.LOADING)
         return load_model(spec.model_path, trust_remote_code=spec.card.trust_remote_code), None
-    from exo_core.plugin.engine import barrier, join_group
+    from exo_core.plugin.engine import barrier, join_group, ring_peers_lost
 
     out.status(RunnerStatus.CONNECTING)
+    guard = watchdog.guard
     group = join_group(spec, options.group_connect_timeout_s, guard)
+    watchdog.watch(
+        ring_peers_lost(spec)
+    )  # a dead peer ends a wait in a second, not at its deadline
     out.status(RunnerStatus.LOADING)
     plan = ShardPlan(
         sharding=spec.instance.sharding,
@@ -97,7 +101,7 @@ def _load(launch: Launch, out: RunnerOutbox, guard: Callable[[str, float], Any])
 
 
 def serve(conn: Connection, launch: Launch) -> int:
-    from exo_core.plugin.engine import Watchdog, any_rank
+    from exo_core.plugin.engine import any_rank
     from exo_engine_mlx.batching import BatchEngine, can_batch, has_recurrent_state
     from exo_engine_mlx.prefix_cache import PrefixCache
 
@@ -108,7 +112,7 @@ def serve(conn: Connection, launch: Launch) -> int:
     inbox: queue.Queue[ToRunner] = queue.Queue()
     start_rank_reader(conn, inbox.put, in_group, spec.shard.rank)
     try:
-        (model, tokenizer), group = _load(launch, out, watchdog.guard)
+        (model, tokenizer), group = _load(launch, out, watchdog)
     except Exception as e:
         report_load_failure(out, e)
         return 1

@@ -15,9 +15,10 @@ Two ways, chosen by the model's class (`split_pipeline`):
   that reads layer kinds by list position) is its `Slicing` in `SLICED_MODEL_TYPES`.
 
 In a `PipelineStage`, rank 0 embeds the tokens and runs the first layers; every later rank receives the hidden state
-from the rank before it; the last rank applies the final norm and the head. The last rank's
-logits (of the last position only) are then summed over the group with zeros from the other
-ranks, so every rank's batch generator samples from the same logits and stays in step.
+from the rank before it; the last rank applies the final norm and the head. Only the last
+rank has logits (of the last position only; the others return zeros of their shape): the
+batch generator shares the tokens it samples from them with the group (`last_rank_sampling`,
+distributed/sampled.py), a few bytes a sequence, so every rank stays in step.
 
 Only the weights a rank runs are kept: the others are dropped while still lazy, so they are
 never read from disk.
@@ -48,6 +49,7 @@ from mlx_lm.models.cache import (
 from exo_engine_mlx.distributed import slicing_hybrid as hybrid
 from exo_engine_mlx.distributed import slicing_state as state
 from exo_engine_mlx.distributed import slicing_windows as windows
+from exo_engine_mlx.distributed.sampled import LastRankSampling
 from exo_engine_mlx.distributed.slicing_windows import kv_reuse_counts
 
 # Model types whose inner model is embed_tokens -> layers(h, mask, cache) -> norm, with an
@@ -704,6 +706,7 @@ class PipelineStage(nn.Module):
             if not tied:
                 self.lm_head = full.lm_head
         self._tied = tied
+        self.last_rank_sampling = LastRankSampling(group, self.last)
 
     @property
     def group(self) -> mx.distributed.Group:
@@ -752,16 +755,14 @@ class PipelineStage(nn.Module):
         if self.last:
             out = self.norm(h[:, -1:, :])
             logits = self.embed_tokens.as_linear(out) if self._tied else self.lm_head(out)
-            # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
-            logits = logits.astype(mx.float32)
-        else:
-            sent = mx.distributed.send(h, self._rank + 1, group=self._group)
-            # A prefill step evaluates only the caches: make them carry the send.
-            if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
-                cache[-1].keys = mx.depends(cache[-1].keys, sent)
-            logits = mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
-        # Every rank gets the last rank's logits (the others add zeros), inside the graph.
-        return mx.distributed.all_sum(logits, group=self._group)
+            # float32, as the one-rank path samples from.
+            return logits.astype(mx.float32)
+        sent = mx.distributed.send(h, self._rank + 1, group=self._group)
+        # A prefill step evaluates only the caches: make them carry the send.
+        if cache is not None and cache[-1] is not None and cache[-1].keys is not None:
+            cache[-1].keys = mx.depends(cache[-1].keys, sent)
+        # No logits here: zeros of their shape, after the send (the tokens come shared).
+        return mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
 
 
 class _Received(nn.Module):
@@ -779,7 +780,8 @@ class _Received(nn.Module):
         return self._receive(inputs)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return self.head.as_linear(x)
+        head: Any = self.head  # an embedding (typed by duck: mlx's stubs lack as_linear)
+        return head.as_linear(x)
 
 
 class _NoPositions(nn.Module):
@@ -933,6 +935,7 @@ class SlicedStage(nn.Module):
                 text.lm_head = _Dropped()
         self.model = model
         self._tied = tied
+        self.last_rank_sampling = LastRankSampling(group, self.last)
         caches = self.make_cache()
         if how.caches_per_layer and len(caches) != len(self.layers):
             raise PipelineUnsupported(f"{model_type}: its caches do not follow its layers")
@@ -992,17 +995,13 @@ class SlicedStage(nn.Module):
         forward = self._slicing.forward
         inner = self._inner
         if self.last and self._slicing.family_head:
-            logits = self._text(inputs, cache=cache)[:, -1:, :].astype(mx.float32)
-            return mx.distributed.all_sum(logits, group=self._group)
+            return self._text(inputs, cache=cache)[:, -1:, :].astype(mx.float32)
         h = forward(inner, inputs, cache) if forward is not None else inner(inputs, cache=cache)
         if self.last:
-            # float32 for the exchange: exact for any model dtype, so greedy picks stay equal.
-            logits = self._logits(h[:, -1:, :]).astype(mx.float32)
-        else:
-            h = h.astype(_float_dtype(self.layers[0]))
-            sent = mx.distributed.send(h, self._rank + 1, group=self._group)
-            _carry(cache, sent)
-            batch = inputs.shape[0]
-            logits = mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
-        # Every rank gets the last rank's logits (the others add zeros), inside the graph.
-        return mx.distributed.all_sum(logits, group=self._group)
+            return self._logits(h[:, -1:, :]).astype(mx.float32)
+        h = h.astype(_float_dtype(self.layers[0]))
+        sent = mx.distributed.send(h, self._rank + 1, group=self._group)
+        _carry(cache, sent)
+        # No logits here: zeros of their shape, after the send (the tokens come shared).
+        batch = inputs.shape[0]
+        return mx.depends(mx.zeros((batch, 1, self._vocab_size), dtype=mx.float32), sent)
