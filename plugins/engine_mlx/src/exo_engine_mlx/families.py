@@ -18,7 +18,7 @@ import pkgutil
 from dataclasses import dataclass
 from functools import cache
 
-from exo_engine_mlx.distributed.pipeline import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
+from exo_engine_mlx.distributed.slicing_families import PIPELINE_MODEL_TYPES, SLICED_MODEL_TYPES
 from exo_engine_mlx.distributed.slicing_hybrid import OWN_PIPELINE
 from exo_engine_mlx.tiny_unbuildable import UNBUILDABLE
 

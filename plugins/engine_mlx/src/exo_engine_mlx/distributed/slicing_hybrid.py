@@ -1,6 +1,6 @@
 """What `SlicedStage` adjusts for the hybrid stacks: attention layers mixed with SSM (Mamba)
 or linear-attention layers (Jamba, Falcon-H1, Granite 4 hybrid, LFM2, Kimi Linear, Bailing
-V3, Baichuan M1). Their specs are in `pipeline.SLICED_MODEL_TYPES`.
+V3, Baichuan M1). Their specs are in `slicing_families.SLICED_MODEL_TYPES`.
 
 Each of these forwards builds one attention mask and one SSM mask from "the first cache of
 that kind", found by its index in the WHOLE model's list; on a slice the index must be

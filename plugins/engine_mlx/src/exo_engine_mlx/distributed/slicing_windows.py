@@ -2,7 +2,7 @@
 keeps more than the layers in its stack: sliding-window patterns (Cohere 2, EXAONE 4 and
 MoE, Gear, Laguna), learned position embeddings or a head inside the inner model (GPT-2,
 GPT-BigCode, GPT-NeoX, Lille), a forward that takes its mask as an argument (Phixtral) and
-KV-reuse layers (AFM 7). `pipeline.SLICED_MODEL_TYPES` puts these into their `Slicing`s;
+KV-reuse layers (AFM 7). `slicing_families.SLICED_MODEL_TYPES` puts these into their `Slicing`s;
 each is proven on 2 ranks by test_every_family_groups.
 
 A slice's first layer is not the model's: where a forward picks its mask's cache by a
