@@ -16,6 +16,7 @@ from exo_core.model_cards import ModelCard
 from exo_core.node import NotCommitted
 from exo_core.testing.harness import RunningCluster, RunningNode, running_cluster
 from exo_core.testing.scripted_engine import ScriptedEnginePlugin
+from exo_core.transport.memory import MemoryNetwork
 
 
 def scripted(i: int) -> list[object]:
@@ -128,3 +129,20 @@ def test_a_late_joiner_catches_up(tmp_path: Path) -> None:
 def wait_master(cluster: RunningCluster) -> RunningNode:
     cluster.wait(lambda: len(cluster.masters()) == 1)
     return cluster.masters()[0]
+
+
+def test_clusters_that_formed_apart_merge_when_they_meet(tmp_path: Path) -> None:
+    """Nodes that could not see each other at first each lead a one-node cluster; once they
+    meet, one cluster remains (a node that merely missed its peers at start-up, or two
+    machines that ran apart, must not stay split)."""
+    network = MemoryNetwork()
+    network.partition({"node-0"}, {"node-1"}, {"node-2"})
+    with running_cluster(tmp_path, 3, scripted, network=network, converge=False) as cluster:
+        # Three clusters of one, each node a member of its own.
+        cluster.wait(
+            lambda: all(n.node.master and n.node_id in n.node.state.nodes for n in cluster.nodes)
+        )
+        network.heal()
+        cluster.wait(lambda: len(cluster.masters()) == 1, timeout=30)
+        cluster.wait(cluster.converged, timeout=30)
+        cluster.wait(lambda: all(len(n.node.state.nodes) == 3 for n in cluster.nodes), timeout=30)

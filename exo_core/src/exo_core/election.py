@@ -251,7 +251,7 @@ class Election:
         others = [c for c in self._alive() if c.node_id != me.node_id]
         members = self._members_in_reach(me)
         size = self.cluster_size(me)
-        masters = [c for c in others if master_claim_backed(c, me, members, size)]
+        masters = [c for c in others if master_claim_backed(c, me, others, size)]
         best_master = max(masters, key=lambda c: (c.term, *rank_key(c)), default=None)
         if me.is_master:
             if best_master and (best_master.term, *rank_key(best_master)) > (

@@ -152,12 +152,14 @@ def running_cluster(
     election: ElectionTiming = ElectionTiming(heartbeat=0.1, timeout=1.0, settle=0.3),
     api: bool = True,
     dialects: bool = False,
+    converge: bool = True,
     **config: Any,
 ) -> Iterator[RunningCluster]:
     """`count` nodes with APIs, on one event loop, over one in-memory network.
 
     `plugins(i)` gives the plugin objects of node i; the installed API dialects are added
-    when `dialects` is true."""
+    when `dialects` is true. With `converge` (the default) it returns once the nodes agree;
+    without, at once (a network partitioned from the start never converges)."""
     network = network or MemoryNetwork()
     # Tests stay on loopback: ring addresses come from the listen host.
     config.setdefault("listen_host", "127.0.0.1")
@@ -184,7 +186,8 @@ def running_cluster(
         try:
             running.extend(start(i) for i in range(count))
             cluster = RunningCluster(running, network, portal, restart_node=start)
-            cluster.wait(cluster.converged)
+            if converge:
+                cluster.wait(cluster.converged)
             if api:  # the APIs start beside the nodes: wait until each answers
                 cluster.wait(lambda: all(_answers(n.url) for n in cluster.nodes))
             yield cluster
