@@ -97,8 +97,8 @@ def main() -> None:
                     _greedy(float_model, tokenizer, prompt), _greedy(int8_model, tokenizer, prompt)
                 )
                 print(
-                    f"{name:8} {text_name:6} {a.positions:4d} {a.top1:7.3f} {a.mean_kl:9.5f} "
-                    f"{a.p99_kl:9.5f} {a.max_kl:9.5f} {same:5d} / {CONTINUATION:<4d}"
+                    f"{name:8} {text_name:6} {a.positions:4d} {a.top1:7.3f} {a.mean_kl:9.2e} "
+                    f"{a.p99_kl:9.2e} {a.max_kl:9.2e} {same:5d} / {CONTINUATION:<4d}"
                     f" {time.perf_counter() - start:5.1f}  {'; '.join(a.breaches()) or 'within'}",
                     flush=True,
                 )
