@@ -11,9 +11,13 @@ does not dequantize every layer again, where that pays (`kept_dense_pays`: not o
 
 EXO_CPU_KERNELS=auto (default) | float: float32 activations, exact up to summation order.
 EXO_CPU_KERNELS=int8: activations rounded to int8 per 32 values and integer dot products
-(llama.cpp's way; the kernel is 1.2-1.6x faster at one row) except in the output head. Not the
-default: on SmolLM2 it moves logits by ~2 % of their largest magnitude, which flips near-tied
-greedy tokens (then the single node and a tensor split no longer write the same text).
+(llama.cpp's way; VNNI where the CPU has it) in every layer but the output head.
+EXO_CPU_KERNELS=int8-batch: int8 only in kernel calls of 2+ rows (a batched decode step, a
+short prompt's chunk), float in a single stream's one-row decode step.
+int8 is opt-in: it meets the accuracy policy (`activation_accuracy`, plugins/mlx_cpu_kernels/
+README.md: top-1 >= 0.90, mean KL <= 0.01 nats against float on SmolLM2), but it flips near-tied
+argmaxes (7 % of positions of prose), and with int8-batch a stream's greedy text would depend on
+what else the runner is batching and on its prefix cache.
 EXO_CPU_KERNELS=off: the dense fp32 path; EXO_DENSE=on forces the dense path too.
 """
 
@@ -75,10 +79,33 @@ def simd() -> str:
     return kernels.simd()
 
 
-def int8_activations(env: Mapping[str, str] | None = None) -> bool:
-    """Whether the kernels quantize activations to int8 (opt-in) or keep them float32."""
+# EXO_CPU_KERNELS's activation modes: the fewest rows of x a kernel call must have for int8
+# activations (None: never). `int8-batch` keeps a single stream's decode step (one row, memory-
+# bound: int8 saves ~7 % there) in float and rounds the compute-bound calls (a batched decode
+# step, a prompt chunk on the kernels) to int8, where VNNI makes them ~1.3-2x cheaper.
+INT8_BATCH_MIN_ROWS = 2
+_INT8_FROM_ROWS: dict[str, int | None] = {
+    "auto": None,
+    "float": None,
+    "int8": 1,
+    "int8-batch": INT8_BATCH_MIN_ROWS,
+}
+
+
+def int8_min_rows(env: Mapping[str, str] | None = None) -> int | None:
+    """From EXO_CPU_KERNELS: the fewest rows of a kernel call that get int8 activations (None:
+    float32 activations everywhere, the default). `off` and unknown values: None."""
     env = os.environ if env is None else env
-    return env.get("EXO_CPU_KERNELS", "auto").strip().lower() == "int8"
+    return _INT8_FROM_ROWS.get(env.get("EXO_CPU_KERNELS", "auto").strip().lower())
+
+
+def int8_activations(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the kernels quantize some calls' activations to int8 (opt-in)."""
+    return int8_min_rows(env) is not None
+
+
+def _int8_for(min_rows: int | None, rows: int) -> bool:
+    return min_rows is not None and rows >= min_rows
 
 
 def kernels_requested(env: Mapping[str, str] | None = None) -> bool:
@@ -112,7 +139,7 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     rows = x.size // x.shape[-1] if x.ndim else 1
     if _dequantize_pays_here(rows, w.shape[0], x.shape[-1], int(m.bits)):
         return x.astype(mx.float32) @ dense_weight(m).T
-    int8 = bool(getattr(m, "int8_activations", True))
+    int8 = _int8_for(getattr(m, "int8_min_rows", None), rows)
     bits, group_size = _layout(m)
     return kernels.quantized_matmul(x, w, scales, biases, group_size, bits, int8)
 
@@ -313,17 +340,25 @@ def compact_scales(scales: mx.array, biases: mx.array) -> tuple[mx.array, mx.arr
     return scales.astype(mx.float32), biases.astype(mx.float32)
 
 
-def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None = None) -> int:
+def use_kernels(
+    model: nn.Module, threads: int | None = None, int8: bool | int | None = None
+) -> int:
     """Switch every supported quantized layer to the kernel classes, in place.
 
     Only the class changes: parameters, names and the sharding wrappers' state stay as they
     are. Scales and biases are kept in the narrowest float type that holds them exactly
     (`compact_scales`: the bytes a decode step reads); the kernels compute in float32 either
     way (the CPU must not compute in fp16/bf16).
-    `int8`: int8 activations (None: from EXO_CPU_KERNELS, int8 only when `int8`).
+    `int8`: int8 activations for every call (True), none (False), calls of at least that many
+    rows (an int), or from EXO_CPU_KERNELS (None, `int8_min_rows`).
     Returns the number of layers switched."""
     kernels.set_num_threads(threads or kernels.usable_cores())
-    int8 = int8_activations() if int8 is None else int8
+    if int8 is None:
+        min_rows = int8_min_rows()
+    elif isinstance(int8, bool):
+        min_rows = 1 if int8 else None
+    else:
+        min_rows = max(1, int8)
     switched = 0
     for name, m in model.named_modules():
         kind: Any = type(m)
@@ -333,7 +368,7 @@ def use_kernels(model: nn.Module, threads: int | None = None, int8: bool | None 
             m.__class__ = _KERNEL_CLASS[kind]
             # A plain attribute, not a parameter. The output head keeps float activations:
             # its rounding would flip near-tied argmaxes directly (SmolLM2 greedy text).
-            m.int8_activations = int8 and not _is_head(name, m)
+            m.int8_min_rows = None if _is_head(name, m) else min_rows
             switched += 1
     return switched
 
@@ -353,7 +388,7 @@ class FusedLinear:
     biases: mx.array
     group_size: int
     bits: int
-    int8_activations: bool
+    int8_min_rows: int | None  # int8 activations for calls of at least this many rows
     ends: tuple[int, ...]  # where each layer's output rows end (the last is the total)
     parts: tuple[nn.Module, ...]
 
@@ -376,7 +411,7 @@ class FusedLinear:
             self.biases,
             self.group_size,
             self.bits,
-            self.int8_activations,
+            _int8_for(self.int8_min_rows, rows),
         )
         return list(mx.split(y, list(self.ends[:-1]), axis=-1))
 
@@ -409,7 +444,7 @@ class FusedLinear:
             self.biases,
             self.group_size,
             self.bits,
-            self.int8_activations,
+            _int8_for(self.int8_min_rows, x.size // x.shape[-1]),
             list(self.ends) if split else [self.ends[-1]],
             prologue=prologue,
             norm_weight=None if norm is None else norm["weight"],
@@ -421,8 +456,8 @@ class FusedLinear:
         )
 
 
-def _kernel_setup(m: Any) -> tuple[int, int, bool]:
-    return *_layout(m), bool(m.int8_activations)
+def _kernel_setup(m: Any) -> tuple[int, int, int | None]:
+    return *_layout(m), m.int8_min_rows
 
 
 def _plain(m: nn.Module) -> bool:
