@@ -173,14 +173,18 @@ EXO_AVX512 inline void row_block(const Problem& p, int64_t n, int64_t m) {
     const int64_t row_scales_bytes = p.G * static_cast<int64_t>(sizeof(T));
     for (int j = 0; j < W; ++j) {
       const T* s16 = scales_of<T>(p) + (n + j) * p.G;
-      const T* b16 = biases_of<T>(p) + (n + j) * p.G;
-      for (int64_t line = 0; line < row_scales_bytes; line += 64) {  // the row kAhead on
+      for (int64_t line = 0; line < row_scales_bytes; line += 64)  // the row kAhead on
         _mm_prefetch(reinterpret_cast<const char*>(s16 + kAhead * p.G) + line, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(b16 + kAhead * p.G) + line, _MM_HINT_T0);
-      }
       sr[j] = buf + j * p.G;
       br[j] = buf + (W + j) * p.G;
       widen_row(s16, p.G, buf + j * p.G);
+      if (p.implicit_bias) {  // Q4_0: -8 x the widened scale, the float32 a stored one widens to
+        for (int64_t g = 0; g < p.G; ++g) buf[(W + j) * p.G + g] = -8.0f * buf[j * p.G + g];
+        continue;
+      }
+      const T* b16 = biases_of<T>(p) + (n + j) * p.G;
+      for (int64_t line = 0; line < row_scales_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(b16 + kAhead * p.G) + line, _MM_HINT_T0);
       widen_row(b16, p.G, buf + (W + j) * p.G);
     }
   }

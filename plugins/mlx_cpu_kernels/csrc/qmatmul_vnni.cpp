@@ -112,7 +112,7 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0) {
   for (int j = 0; j < W; ++j) {
     wr[j] = reinterpret_cast<const uint8_t*>(p.w) + (n + j) * row_bytes;
     sr[j] = scales_of<T>(p) + (n + j) * p.G;
-    br[j] = biases_of<T>(p) + (n + j) * p.G;
+    br[j] = p.implicit_bias ? nullptr : biases_of<T>(p) + (n + j) * p.G;
   }
   const int8_t* xr[R];
   const int32_t* cr[R];
@@ -150,7 +150,8 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0) {
   __m512 bias[W][R];
   for (int j = 0; j < W; ++j)
     for (int r = 0; r < R; ++r) bias[j][r] = _mm512_setzero_ps();
-  for (int64_t g = 0; g < p.G; g += 16) {
+  // Q4_0 (`implicit_bias`): bias + 8 scale is 0 in every group, the term 0: neither read nor summed.
+  for (int64_t g = 0; g < (p.implicit_bias ? 0 : p.G); g += 16) {
     const int64_t count = std::min<int64_t>(16, p.G - g);
     __m512 xs[R];
     for (int r = 0; r < R; ++r) xs[r] = load16(p.xsum + (m0 + r) * p.G + g, count);
