@@ -1088,10 +1088,7 @@ mx::array quantized_matmul(
   if (scales.ndim() != 2 || scales.shape(0) != N || scales.shape(1) != G ||
       (biases && biases->shape() != scales.shape()))
     throw std::invalid_argument("scales and biases must be [N, K / group_size]");
-  if (!biases && (bits != 4 || (scales.dtype() != mx::float16 && scales.dtype() != mx::bfloat16)))
-    throw std::invalid_argument(
-        "biases may be left out (Q4_0: each -8 x its scale) only for 4 bits with float16 or "
-        "bfloat16 scales");
+  exo_kernels::check_left_out_biases(biases, scales, bits);
 
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   auto f32 = [&](const mx::array& a) {
@@ -1170,6 +1167,7 @@ void matmul_rows(
   } else {
     p.scales16 = static_cast<const uint16_t*>(scales);
     p.biases16 = static_cast<const uint16_t*>(biases);
+    p.implicit_bias = biases == nullptr;  // Q4_0's layout (16-bit scales only)
   }
   p.out = out;
   compute(p);

@@ -92,6 +92,23 @@ def test_left_out_biases_over_threads(int8: bool) -> None:
         kernels.set_num_threads(kernels.usable_cores())
 
 
+@pytest.mark.parametrize("int8", [False, True])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_linear_with_left_out_biases(path: str, int8: bool, rows: int) -> None:
+    """The decode step's fused calls (norm before, residual after, split parts) take the layout
+    too, with the stored biases' bits."""
+    wq, scales = _q4_0_layer(320, 256, 32, "float16")
+    x = mx.random.normal((rows, 256), key=mx.random.key(3))
+    norm = {"prologue": "rms_norm", "eps": 1e-5}
+    norm["norm_weight"] = mx.random.uniform(shape=(256,), key=mx.random.key(4))
+    stored = _stored_bias(scales)
+    for ends, extra in (([128, 192, 320], norm), ([320], {"residual": mx.ones((rows, 320))})):
+        got = kernels.fused_linear(x, wq, scales, None, 32, 4, int8, ends, **extra)
+        want = kernels.fused_linear(x, wq, scales, stored, 32, 4, int8, ends, **extra)
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_array_equal(np.array(a), np.array(b))
+
+
 @pytest.mark.parametrize(
     ("bits", "dtype"), [(8, mx.float16), (4, mx.float32)], ids=["8-bit", "float32-scales"]
 )
@@ -100,3 +117,5 @@ def test_left_out_biases_need_4_bits_and_16_bit_scales(bits: int, dtype: mx.Dtyp
     scales = mx.ones((8, 2), dtype=dtype)
     with pytest.raises(ValueError, match="biases may be left out"):
         kernels.quantized_matmul(mx.ones((1, 64)), w, scales, None, 32, bits)
+    with pytest.raises(ValueError, match="biases may be left out"):
+        kernels.fused_linear(mx.ones((1, 64)), w, scales, None, 32, bits, False, [8])

@@ -156,7 +156,8 @@ def fused_linear(
     base, scale): mx.fast.rope of the first two parts (q, k) by head at position `rope_offset`
     (an int array: one offset, or one per row), up to float32 rounding of sin/cos.
     `heads_out` (x of shape (B, 1, K), `rope`'s head_dim): each part comes shaped
-    (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op)."""
+    (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op).
+    biases None: Q4_0's layout, as in `quantized_matmul`."""
     dims, head_dim, traditional, base, scale = rope or (0, 0, False, 10000.0, 1.0)
     return list(
         _built().fused_linear(
