@@ -99,14 +99,19 @@ def test_fused_linear_with_left_out_biases(path: str, int8: bool, rows: int) -> 
     too, with the stored biases' bits."""
     wq, scales = _q4_0_layer(320, 256, 32, "float16")
     x = mx.random.normal((rows, 256), key=mx.random.key(3))
-    norm = {"prologue": "rms_norm", "eps": 1e-5}
-    norm["norm_weight"] = mx.random.uniform(shape=(256,), key=mx.random.key(4))
-    stored = _stored_bias(scales)
-    for ends, extra in (([128, 192, 320], norm), ([320], {"residual": mx.ones((rows, 320))})):
-        got = kernels.fused_linear(x, wq, scales, None, 32, 4, int8, ends, **extra)
-        want = kernels.fused_linear(x, wq, scales, stored, 32, 4, int8, ends, **extra)
-        for a, b in zip(got, want, strict=True):
-            np.testing.assert_array_equal(np.array(a), np.array(b))
+    weight = mx.random.uniform(shape=(256,), key=mx.random.key(4))
+    residual = mx.ones((rows, 320))
+
+    def fused(biases: mx.array | None) -> list[np.ndarray]:
+        normed = kernels.fused_linear(
+            x, wq, scales, biases, 32, 4, int8, [128, 192, 320],
+            prologue="rms_norm", norm_weight=weight, eps=1e-5,
+        )  # fmt: skip
+        added = kernels.fused_linear(x, wq, scales, biases, 32, 4, int8, [320], residual=residual)
+        return [np.array(a) for a in [*normed, *added]]
+
+    for a, b in zip(fused(None), fused(_stored_bias(scales)), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.parametrize(
