@@ -10,6 +10,7 @@ as <= 12 % and "same argmax wherever the dense margin exceeds 0.5".
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -226,11 +227,16 @@ def test_gguf_scales_stay_float16_with_the_same_bits(
     half_model, _ = _kernel_model(model_dir, int8=False)
     layers = _kernel_layers(half_model)
     assert layers and all(m["scales"].dtype == m["biases"].dtype == mx.float16 for m in layers)
+    # Q4_0's biases (-8 x scale) are implied, not read: 4.5 bits a weight; the logits below
+    # are still those of the stored float32 biases.
+    q4_0 = [m for m in layers if isinstance(m, KernelQuantizedLinear)]
+    assert q4_0 and all(m.implicit_bias == (weight_type == "Q4_0") for m in q4_0)
     monkeypatch.setattr(
         cpu_kernels, "compact_scales", lambda s, b: (s.astype(mx.float32), b.astype(mx.float32))
     )
     full_model, _ = _kernel_model(model_dir, int8=False)
     assert all(m["scales"].dtype == mx.float32 for m in _kernel_layers(full_model))
+    assert not any(m.implicit_bias for m in _kernel_layers(full_model))
     ids = mx.array([[3, 17, 42, 99, 5, 250, 7]])
     for rows in (ids, ids[:, :1]):
         assert np.array_equal(np.array(half_model(rows)), np.array(full_model(rows)))
@@ -283,6 +289,33 @@ def test_fused_layers_equal_each_layer_alone(bits: int, group_size: int, int8: b
     biased = nn.QuantizedLinear(128, 8, bias=True, group_size=group_size, bits=bits)
     use_kernels(nn.Sequential(biased), int8=int8)
     assert fuse_linears([layers[0], biased]) is None
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_q4_0_layers_fuse_with_implied_biases(int8: bool) -> None:
+    """Layers whose biases are Q4_0's (-8 x a float16 scale) take them as implied, alone and
+    fused, with the bits of the stored biases (a layer with other biases does not)."""
+    layers = [nn.QuantizedLinear(128, n, bias=False, group_size=32, bits=4) for n in (96, 32)]
+    for i, m in enumerate(layers):
+        scales = mx.random.uniform(-0.02, 0.02, m["scales"].shape, key=mx.random.key(i))
+        m["scales"] = scales.astype(mx.float16).astype(mx.float32)
+        m["biases"] = -8 * m["scales"]
+    x = mx.random.normal((2, 1, 128), key=mx.random.key(1))
+    want = [np.array(x @ mx.dequantize(m.weight, m.scales, m.biases, 32, 4).T) for m in layers]
+    assert use_kernels(nn.Sequential(*layers), threads=2, int8=int8) == 2
+    assert all(m.implicit_bias for m in layers)
+    fused = fuse_linears(layers)
+    assert fused is not None and fused.implicit_bias and fused.read_biases is None
+    stored = dataclasses.replace(fused, implicit_bias=False)
+    for got, alone, ref, m in zip(fused(x), stored(x), want, layers, strict=True):
+        assert np.array_equal(np.array(got), np.array(alone))
+        assert np.array_equal(np.array(m(x)), np.array(alone))
+        np.testing.assert_allclose(np.array(got), ref, rtol=0.05 if int8 else 1e-4, atol=0.05)
+    other = nn.QuantizedLinear(128, 8, bias=False, group_size=32, bits=4)
+    other["scales"] = layers[0]["scales"][:8].astype(mx.float32)
+    other["biases"] = -8 * other["scales"] + 2.0**-14
+    use_kernels(nn.Sequential(other), int8=int8)
+    assert not other.implicit_bias
 
 
 @pytest.mark.smollm

@@ -78,13 +78,16 @@ struct Settings {
   // Parts shaped (B, n / head_dim, 1, head_dim) instead of (B, 1, n): the same memory when
   // x is (B, 1, K), so a step's q/k/v need no unflatten + transpose ops.
   bool heads_out_ = false;
+  // No biases stored (Q4_0: each -8 x its scale); the scales stand in as input 3, unread.
+  bool implicit_bias_ = false;
 
   bool operator==(const Settings& o) const {
     return group_size_ == o.group_size_ && bits_ == o.bits_ && int8_ == o.int8_ &&
         prologue_ == o.prologue_ && eps_ == o.eps_ && residual_ == o.residual_ &&
         ends_ == o.ends_ && rope_dims_ == o.rope_dims_ && head_dim_ == o.head_dim_ &&
         rope_traditional_ == o.rope_traditional_ && rope_base_ == o.rope_base_ &&
-        rope_scale_ == o.rope_scale_ && heads_out_ == o.heads_out_;
+        rope_scale_ == o.rope_scale_ && heads_out_ == o.heads_out_ &&
+        implicit_bias_ == o.implicit_bias_;
   }
 
   void rope(float* y, int64_t M, int64_t N, const mx::array& offset) const;
@@ -182,7 +185,8 @@ void Settings::compute(const std::vector<mx::array>& in, std::vector<mx::array>&
     y = t_out.data();
   }
   exo_kernels::matmul_rows(
-      input, M, K, in[1].data<uint32_t>(), in[2].data<uint8_t>(), in[3].data<uint8_t>(),
+      input, M, K, in[1].data<uint32_t>(), in[2].data<uint8_t>(),
+      implicit_bias_ ? nullptr : in[3].data<uint8_t>(),
       exo_kernels::scale_type(in[2], in[3]), N, group_size_, bits_, int8_, y);
   if (residual_) {
     const float* r = dense_rows(in.back(), t_residual);
@@ -232,7 +236,7 @@ std::vector<mx::array> fused_linear(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const mx::array& biases,
+    const std::optional<mx::array>& biases,
     int group_size,
     int bits,
     bool int8_activations,
@@ -270,8 +274,9 @@ std::vector<mx::array> fused_linear(
   if (K % group_size != 0 || w.shape(1) * 32 / bits != K)
     throw std::invalid_argument("x's last dimension does not match the packed weights");
   if (scales.ndim() != 2 || scales.shape(0) != N || scales.shape(1) != K / group_size ||
-      biases.shape() != scales.shape())
+      (biases && biases->shape() != scales.shape()))
     throw std::invalid_argument("scales and biases must be [N, K / group_size]");
+  exo_kernels::check_left_out_biases(biases, scales, bits);
   if (ends.empty() || ends.back() != N)
     throw std::invalid_argument("ends must be increasing and end at w's row count");
   for (size_t i = 0; i < ends.size(); ++i)
@@ -285,7 +290,8 @@ std::vector<mx::array> fused_linear(
   auto packed = [&](const mx::array& a) {
     return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, stream);
   };
-  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, packed);
+  auto [s, b] = biases ? exo_kernels::scale_inputs(scales, *biases, stream, packed)
+                      : std::pair{packed(scales), packed(scales)};
   std::vector<mx::array> inputs = {f32(x), packed(w), s, b};
   if (kind == Prologue::rms_norm) inputs.push_back(f32(*norm_weight));
   if (residual) {
@@ -326,7 +332,8 @@ std::vector<mx::array> fused_linear(
       rope_traditional,
       rope_base,
       rope_scale,
-      heads_out};
+      heads_out,
+      !biases.has_value()};
   std::vector<mx::Shape> shapes;
   int start = 0;
   for (int end : ends) {
@@ -349,7 +356,7 @@ void register_fused_block(nb::module_& m) {
       nb::arg("x"),
       nb::arg("w"),
       nb::arg("scales"),
-      nb::arg("biases"),
+      nb::arg("biases").none(),
       nb::arg("group_size"),
       nb::arg("bits"),
       nb::arg("int8_activations"),

@@ -27,6 +27,11 @@ struct Problem {
   ScaleType scale_type = ScaleType::f32;
   const uint16_t* scales16 = nullptr;  // [N, G] when scale_type is f16 or bf16
   const uint16_t* biases16 = nullptr;
+  // Q4_0's layout: every bias is -8 x its scale, so none is stored (biases16 null; 16-bit
+  // scales only). Kernels that widen take -8 x the widened scale (exact: the same float32 as a
+  // stored float16 -8 x scale); the VNNI kernel's bias term, sum_g (bias + 8 scale) xsum_g, is
+  // 0 and skipped. A 4-bit group-32 layer then reads 4.5 bits a weight instead of 5.
+  bool implicit_bias = false;
   float* out;             // [M, N]
   const float* xsum;      // [M, G]
   const float* xp;        // [M, K]: x permuted to the 4-bit kernel's lane order (AVX2, 4 bits)

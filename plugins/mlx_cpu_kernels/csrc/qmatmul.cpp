@@ -12,11 +12,13 @@
 // time (__builtin_cpu_supports); the scalar path does the same arithmetic elsewhere.
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -805,7 +807,10 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
     const int64_t s1 = std::min(n1, s0 + step);
     const int64_t count = (s1 - s0) * p.G;
     exo_kernels::widen(p.scales16 + s0 * p.G, p.scale_type, count, scales.data());
-    exo_kernels::widen(p.biases16 + s0 * p.G, p.scale_type, count, biases.data());
+    if (p.implicit_bias)
+      for (int64_t i = 0; i < count; ++i) biases[i] = -8.0f * scales[i];
+    else
+      exo_kernels::widen(p.biases16 + s0 * p.G, p.scale_type, count, biases.data());
     Problem q = p;
     // The kernels index row n's scales at n * G: point the copies' base s0 rows back (the
     // kernels only read rows [s0, s1), inside the buffers).
@@ -814,6 +819,7 @@ void rows(const Problem& p, int64_t n0, int64_t n1) {
     q.biases = reinterpret_cast<const float*>(
         reinterpret_cast<uintptr_t>(biases.data()) - s0 * p.G * sizeof(float));
     q.scale_type = exo_kernels::ScaleType::f32;
+    q.implicit_bias = false;
     rows_f32(q, s0, s1);
   }
 }
@@ -984,18 +990,21 @@ void compute(Problem p) {
 class QuantizedMatmulCPU : public mx::Primitive {
  public:
   QuantizedMatmulCPU(
-      mx::Stream stream, int group_size, int bits, bool dequantize, bool int8 = false)
+      mx::Stream stream, int group_size, int bits, bool dequantize, bool int8 = false,
+      bool implicit_bias = false)
       : mx::Primitive(stream),
         group_size_(group_size),
         bits_(bits),
         dequantize_(dequantize),
-        int8_(int8) {}
+        int8_(int8),
+        implicit_bias_(implicit_bias) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const auto& x = inputs[0];
     const auto& w = inputs[1];
     const auto& scales = inputs[2];
-    const auto& biases = inputs[3];
+    // Without biases (Q4_0, `implicit_bias_`) the scales stand in for them: never read.
+    const auto& biases = implicit_bias_ ? inputs[2] : inputs[3];
     auto& out = outputs[0];
     out.set_data(mx::allocator::malloc(out.nbytes()));
 
@@ -1011,13 +1020,17 @@ class QuantizedMatmulCPU : public mx::Primitive {
     p.x = x.data<float>();
     p.w = w.data<uint32_t>();
     exo_kernels::set_scales(p, scales, biases);
+    if (implicit_bias_) {
+      p.implicit_bias = true;
+      p.biases16 = nullptr;
+    }
     p.out = out.data<float>();
 
     auto& encoder = mx::cpu::get_command_encoder(stream());
     encoder.set_input_array(x);
     encoder.set_input_array(w);
     encoder.set_input_array(scales);
-    encoder.set_input_array(biases);
+    if (!implicit_bias_) encoder.set_input_array(biases);
     encoder.set_output_array(out);
     encoder.dispatch([p]() { compute(p); });
   }
@@ -1035,7 +1048,7 @@ class QuantizedMatmulCPU : public mx::Primitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto* o = dynamic_cast<const QuantizedMatmulCPU*>(&other);
     return o != nullptr && o->group_size_ == group_size_ && o->bits_ == bits_ &&
-        o->dequantize_ == dequantize_ && o->int8_ == int8_;
+        o->dequantize_ == dequantize_ && o->int8_ == int8_ && o->implicit_bias_ == implicit_bias_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -1050,13 +1063,14 @@ class QuantizedMatmulCPU : public mx::Primitive {
   int bits_;
   bool dequantize_;
   bool int8_;
+  bool implicit_bias_;
 };
 
 mx::array quantized_matmul(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
-    const mx::array& biases,
+    const std::optional<mx::array>& biases,
     int group_size,
     int bits,
     bool int8_activations) {
@@ -1072,17 +1086,25 @@ mx::array quantized_matmul(
     throw std::invalid_argument("x's last dimension does not match the packed weights");
   const int64_t G = K / group_size;
   if (scales.ndim() != 2 || scales.shape(0) != N || scales.shape(1) != G ||
-      biases.shape() != scales.shape())
+      (biases && biases->shape() != scales.shape()))
     throw std::invalid_argument("scales and biases must be [N, K / group_size]");
+  exo_kernels::check_left_out_biases(biases, scales, bits);
 
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   auto f32 = [&](const mx::array& a) {
     return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
   };
   auto contiguous = [&](const mx::array& a) { return mx::contiguous(a, false, stream); };
-  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, contiguous);
   mx::Shape out_shape = x.shape();
   out_shape.back() = static_cast<int>(N);
+  if (!biases)
+    return mx::array(
+        out_shape,
+        mx::float32,
+        std::make_shared<QuantizedMatmulCPU>(
+            stream, group_size, bits, false, int8_activations, true),
+        {f32(x), contiguous(w), contiguous(scales)});
+  auto [s, b] = exo_kernels::scale_inputs(scales, *biases, stream, contiguous);
   return mx::array(
       out_shape,
       mx::float32,
@@ -1145,6 +1167,7 @@ void matmul_rows(
   } else {
     p.scales16 = static_cast<const uint16_t*>(scales);
     p.biases16 = static_cast<const uint16_t*>(biases);
+    p.implicit_bias = biases == nullptr;  // Q4_0's layout (16-bit scales only)
   }
   p.out = out;
   compute(p);
@@ -1164,12 +1187,13 @@ NB_MODULE(_ext, m) {
       nb::arg("x"),
       nb::arg("w"),
       nb::arg("scales"),
-      nb::arg("biases"),
+      nb::arg("biases").none(),
       nb::arg("group_size"),
       nb::arg("bits"),
       nb::arg("int8_activations") = false,
       "x @ dequantize(w, scales, biases).T for MLX affine 4/8-bit weights, as float32. With "
-      "int8_activations, x is quantized to int8 per 32 values (integer dot products).");
+      "int8_activations, x is quantized to int8 per 32 values (integer dot products). biases None: "
+      "Q4_0's layout, each bias -8 x its scale (4 bits, 16-bit scales).");
   m.def(
       "dequantize",
       &dequantize,

@@ -101,10 +101,17 @@ EXO_AVX512 inline __m512i words64(const uint32_t* w) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(w8), _mm256_srli_epi32(w8, 4), 1);
 }
 
+// Nibble T of each lane's byte T as a float: a 16-entry table lookup (`vpermps` reads only an
+// index's low 4 bits), so neither a mask nor a conversion: 2 instructions a vector instead of
+// 3-4 (the one-row kernel is bound by instructions, not memory). The same floats, 0 to 15.
 template <int T>
 EXO_AVX512 inline __m512 nibbles(__m512i v) {
-  const __m512i mask = _mm512_set1_epi32(0xF);
-  return _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(v, 8 * T), mask));
+  const __m512 values =
+      _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if constexpr (T == 0)
+    return _mm512_permutexvar_ps(v, values);
+  else
+    return _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * T), values);
 }
 
 // 16 bytes (8-bit weights) as floats.
@@ -133,6 +140,8 @@ EXO_AVX512 inline __m512 unit_scale(const T* sr, int64_t u) {
 // Rows prefetched ahead by the one-row kernel: rows of a small layer are too short (288 bytes
 // at 4 bits and K = 576) for the hardware prefetcher to run ahead of a decode step's reads. On
 // SmolLM2's 121 matmuls of a step (one row, Zen 5): 8.1 ms without, 6.2-6.7 with 4-32 rows.
+// Into L1: this kernel is bound by its instructions (~8-9 GB/s a core on the 1B's shapes);
+// the VNNI one (qmatmul_vnni.cpp) streams faster and prefetches into L2 instead.
 constexpr int64_t kAhead = 8;
 
 // n 16-bit scales (F16, BF16) as float32, 16 a vector (exact).
@@ -173,14 +182,18 @@ EXO_AVX512 inline void row_block(const Problem& p, int64_t n, int64_t m) {
     const int64_t row_scales_bytes = p.G * static_cast<int64_t>(sizeof(T));
     for (int j = 0; j < W; ++j) {
       const T* s16 = scales_of<T>(p) + (n + j) * p.G;
-      const T* b16 = biases_of<T>(p) + (n + j) * p.G;
-      for (int64_t line = 0; line < row_scales_bytes; line += 64) {  // the row kAhead on
+      for (int64_t line = 0; line < row_scales_bytes; line += 64)  // the row kAhead on
         _mm_prefetch(reinterpret_cast<const char*>(s16 + kAhead * p.G) + line, _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(b16 + kAhead * p.G) + line, _MM_HINT_T0);
-      }
       sr[j] = buf + j * p.G;
       br[j] = buf + (W + j) * p.G;
       widen_row(s16, p.G, buf + j * p.G);
+      if (p.implicit_bias) {  // Q4_0: -8 x the widened scale, the float32 a stored one widens to
+        for (int64_t g = 0; g < p.G; ++g) buf[(W + j) * p.G + g] = -8.0f * buf[j * p.G + g];
+        continue;
+      }
+      const T* b16 = biases_of<T>(p) + (n + j) * p.G;
+      for (int64_t line = 0; line < row_scales_bytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(b16 + kAhead * p.G) + line, _MM_HINT_T0);
       widen_row(b16, p.G, buf + (W + j) * p.G);
     }
   }

@@ -3,6 +3,8 @@
 // a time (`widen`), exactly, so the dtype changes the bytes a step reads, never its result.
 #pragma once
 
+#include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "mlx/array.h"
@@ -30,6 +32,17 @@ std::pair<mlx::core::array, mlx::core::array> scale_inputs(
   return {
       keep(mlx::core::astype(scales, mlx::core::float32, s)),
       keep(mlx::core::astype(biases, mlx::core::float32, s))};
+}
+
+// Biases may be left out (None) only for Q4_0's layout: 4 bits and 16-bit scales, each bias
+// -8 x its scale (`Problem::implicit_bias`).
+inline void check_left_out_biases(
+    const std::optional<mlx::core::array>& biases, const mlx::core::array& scales, int bits) {
+  if (biases) return;
+  if (bits != 4 || (scales.dtype() != mlx::core::float16 && scales.dtype() != mlx::core::bfloat16))
+    throw std::invalid_argument(
+        "biases may be left out (Q4_0: each -8 x its scale) only for 4 bits with float16 or "
+        "bfloat16 scales");
 }
 
 // Points `scales`/`biases` (float32) or `scales16`/`biases16` of `p` at the evaluated inputs.

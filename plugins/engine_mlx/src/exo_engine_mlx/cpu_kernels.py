@@ -133,9 +133,24 @@ def kernel_ready(model: nn.Module) -> bool:
     return bool(quantized) and all(_supported(m) for m in quantized)
 
 
+def implied_q4_0_bias(m: nn.Module) -> bool:
+    """Whether a 4-bit layer with 16-bit scales has Q4_0's biases, each exactly -8 x its
+    scale: the kernels then take them as implied and never read them (4.5 bits a weight read
+    instead of 5 at group 32, the same bits out)."""
+    scales, biases = m["scales"], m["biases"]
+    if _layout(m)[0] != 4 or scales.dtype not in (mx.float16, mx.bfloat16):
+        return False
+    return bool(mx.array_equal(biases.astype(mx.float32), -8 * scales.astype(mx.float32)).item())
+
+
+def _read_biases(m: nn.Module) -> mx.array | None:
+    """What the kernel is handed for a layer's biases: None where Q4_0's are implied."""
+    return None if getattr(m, "implicit_bias", False) else m["biases"]
+
+
 def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
-    w, scales, biases = m["weight"], m["scales"], m["biases"]
+    w, scales, biases = m["weight"], m["scales"], _read_biases(m)
     rows = x.size // x.shape[-1] if x.ndim else 1
     if _dequantize_pays_here(rows, w.shape[0], x.shape[-1], int(m.bits)):
         return x.astype(mx.float32) @ dense_weight(m).T
@@ -365,6 +380,7 @@ def use_kernels(
         if kind in _KERNEL_CLASS and _supported(m):
             m["scales"], m["biases"] = compact_scales(m["scales"], m["biases"])
             mx.eval(m["scales"], m["biases"])  # a layer at a time: no lazy float32 copies held
+            m.implicit_bias = implied_q4_0_bias(m)  # kept for the dense paths, not read
             m.__class__ = _KERNEL_CLASS[kind]
             # A plain attribute, not a parameter. The output head keeps float activations:
             # its rounding would flip near-tied argmaxes directly (SmolLM2 greedy text).
@@ -391,6 +407,11 @@ class FusedLinear:
     int8_min_rows: int | None  # int8 activations for calls of at least this many rows
     ends: tuple[int, ...]  # where each layer's output rows end (the last is the total)
     parts: tuple[nn.Module, ...]
+    implicit_bias: bool = False  # every part's biases are Q4_0's (`implied_q4_0_bias`)
+
+    @property
+    def read_biases(self) -> mx.array | None:
+        return None if self.implicit_bias else self.biases
 
     def kernel_pays(self, rows: int) -> bool:
         """Whether the kernel, not dequantize + BLAS, is the cheaper way for `rows` rows of x
@@ -408,7 +429,7 @@ class FusedLinear:
             x,
             self.weight,
             self.scales,
-            self.biases,
+            self.read_biases,
             self.group_size,
             self.bits,
             _int8_for(self.int8_min_rows, rows),
@@ -441,7 +462,7 @@ class FusedLinear:
             x,
             self.weight,
             self.scales,
-            self.biases,
+            self.read_biases,
             self.group_size,
             self.bits,
             _int8_for(self.int8_min_rows, x.size // x.shape[-1]),
@@ -471,7 +492,10 @@ def as_fused(m: nn.Module) -> FusedLinear | None:
         return None
     bits, group_size, int8 = _kernel_setup(m)
     rows = int(m["weight"].shape[0])
-    return FusedLinear(m["weight"], m["scales"], m["biases"], group_size, bits, int8, (rows,), (m,))
+    return FusedLinear(
+        m["weight"], m["scales"], m["biases"], group_size, bits, int8, (rows,), (m,),
+        bool(getattr(m, "implicit_bias", False)),
+    )  # fmt: skip
 
 
 def fuse_linears(layers: Sequence[nn.Module]) -> FusedLinear | None:
@@ -502,4 +526,5 @@ def fuse_linears(layers: Sequence[nn.Module]) -> FusedLinear | None:
         int8,
         tuple(ends),
         tuple(layers),
+        all(getattr(m, "implicit_bias", False) for m in layers),
     )

@@ -113,7 +113,11 @@ def quantized_matmul(
     int8_activations: quantize x to int8 per block of 32 values (scale max|x|/127, round to
     nearest even) and take integer dot products, llama.cpp's way; the bias term keeps the exact
     float sums of x. Several times faster; the result is that of `x8 @ W.T + bias sums`, where
-    x8 is the int8-rounded x (error ~|W| * max|x_block| / 254 per value)."""
+    x8 is the int8-rounded x (error ~|W| * max|x_block| / 254 per value).
+
+    biases None: Q4_0's layout, where every bias is -8 x its scale (4 bits, float16 or bfloat16
+    scales): the same bits as passing biases = -8 * scales, for 4.5 bits read a weight instead of
+    5 (group 32)."""
     return _built().quantized_matmul(x, w, scales, biases, group_size, bits, int8_activations)
 
 
@@ -152,7 +156,8 @@ def fused_linear(
     base, scale): mx.fast.rope of the first two parts (q, k) by head at position `rope_offset`
     (an int array: one offset, or one per row), up to float32 rounding of sin/cos.
     `heads_out` (x of shape (B, 1, K), `rope`'s head_dim): each part comes shaped
-    (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op)."""
+    (B, heads, 1, head_dim), as attention wants it (the same memory, no transpose op).
+    biases None: Q4_0's layout, as in `quantized_matmul`."""
     dims, head_dim, traditional, base, scale = rope or (0, 0, False, 10000.0, 1.0)
     return list(
         _built().fused_linear(
