@@ -169,15 +169,15 @@ def profile(streams: int, steps: int, rounds: int) -> None:
         model(tokens, cache=fresh)
         mx.eval([c.state for c in fresh])
 
-    chosen = cpu_kernels._dequantize_pays_here  # pyright: ignore[reportPrivateUsage]
+    chosen = cpu_kernels.dequantize_pays_here
     never = lambda rows, out, inp, bits: False  # noqa: E731
     for name, pays in (
         ("cost model (BLAS for a prompt)", chosen),
         ("kernels for every layer", never),
     ):
-        cpu_kernels._dequantize_pays_here = pays  # pyright: ignore[reportPrivateUsage]
+        cpu_kernels.dequantize_pays_here = pays
         _line(f"prefill forward (no head), {name}", _timed(forward, 2))
-    cpu_kernels._dequantize_pays_here = chosen  # pyright: ignore[reportPrivateUsage]
+    cpu_kernels.dequantize_pays_here = chosen
     linears = [
         m for _, m in model.named_modules() if isinstance(m, cpu_kernels.KernelQuantizedLinear)
     ]

@@ -83,7 +83,7 @@ def _by_shape(model: object, steps: int, whole_ms: float, whole_cpu: float) -> N
     import mlx.core as mx
 
     from exo_engine_mlx.compiled_step import CompiledTransformerBlock
-    from exo_engine_mlx.cpu_kernels import FusedLinear
+    from exo_engine_mlx.fused_linear import FusedLinear
 
     calls: dict[str, list[FusedLinear]] = {}
     for _, b in model.named_modules():  # type: ignore[attr-defined]

@@ -21,7 +21,8 @@ from exo_core.plugin import (
     TaskId,
     TextChunk,
 )
-from exo_engine_mlx.batching import BatchEngine, has_recurrent_state
+from exo_engine_mlx.batching import BatchEngine
+from exo_engine_mlx.generation_solo import has_recurrent_state
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.testing import finish_of as finish
 from exo_engine_mlx.testing import run_requests as run

@@ -34,7 +34,6 @@ from exo_engine_mlx.cpu_kernels import (
     compact_scales,
     dense_weight,
     dequantize_pays,
-    fuse_linears,
     int8_activations,
     keep_dense_weights,
     kept_dense_budget,
@@ -45,6 +44,7 @@ from exo_engine_mlx.cpu_kernels import (
     use_kernels,
 )
 from exo_engine_mlx.embedded import embedded_gguf_path
+from exo_engine_mlx.fused_linear import fuse_linears
 from exo_engine_mlx.gguf import import_gguf
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="kernels not built")

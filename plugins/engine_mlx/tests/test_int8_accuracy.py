@@ -24,13 +24,12 @@ from exo_engine_mlx.activation_accuracy import (
 )
 from exo_engine_mlx.cpu_kernels import (
     INT8_BATCH_MIN_ROWS,
-    FusedLinear,
-    fuse_linears,
     int8_activations,
     int8_min_rows,
     use_kernels,
 )
 from exo_engine_mlx.embedded import embedded_gguf_path
+from exo_engine_mlx.fused_linear import FusedLinear, fuse_linears
 from exo_engine_mlx.gguf import import_gguf
 
 

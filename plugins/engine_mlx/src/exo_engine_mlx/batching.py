@@ -52,18 +52,17 @@ from exo_core.plugin import (
 )
 from exo_core.plugin.parsers import OutputParser
 from exo_engine_mlx.generation_batch import ARGMAX, ReadsLogprobs, install, ready_first_tokens
-from exo_engine_mlx.generation_solo import SoloGenerator, batchable
+from exo_engine_mlx.generation_solo import SoloGenerator, can_batch, has_recurrent_state
 from exo_engine_mlx.harmony_encoding import harmony_encoding, is_harmony
 from exo_engine_mlx.output import family_parser
 from exo_engine_mlx.prefill_threads import for_this_process
 from exo_engine_mlx.prefix_cache import PrefixCache
 from exo_engine_mlx.prompt import PromptError, encode, render
 from exo_engine_mlx.protocol import PREFILL_CHUNK
+from exo_engine_mlx.request_guard import RequestGuard
 from exo_engine_mlx.sampling import (
-    LogitsProcessor,
     Sampler,
     ban_tokens,
-    greedy,
     make_processors,
     make_sampler,
 )
@@ -93,29 +92,6 @@ class _Sequence:
     early: int | None = None
 
 
-def has_recurrent_state(model: Any) -> bool:
-    """Whether the model carries a recurrent state (SSM, convolution, linear attention) in its
-    cache. mlx-lm prefills a batch's prompts left-padded to one length; not every family masks
-    the padding out of such a state (Nemotron-H's mamba blocks run over it), which changes a
-    shorter prompt's answer. Prompts of these models are therefore prefilled one at a time and
-    join the decode batch after: the same answer as alone, at the cost of batched prefill."""
-    from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
-
-    def recurrent(cache: Any) -> bool:
-        if isinstance(cache, CacheList):  # a layer with several caches (Falcon-H1, ...)
-            return any(recurrent(c) for c in cache.caches)
-        return isinstance(cache, ArraysCache)
-
-    return any(recurrent(c) for c in make_prompt_cache(model))
-
-
-def can_batch(model: Any) -> bool:
-    """Whether mlx-lm's batch generator can batch this model's caches (`batchable`)."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    return batchable(make_prompt_cache(model))
-
-
 def peak_memory_bytes() -> int:
     """The runner's peak memory: MLX's own peak, or the process's peak RSS when larger (on the
     CPU most of the model lives outside MLX's accounting)."""
@@ -140,53 +116,6 @@ def _thinking(seq: _Sequence, chunks: list[Chunk]) -> bool:
 # What a caller is told when its request failed inside the runner (details go to the log).
 REQUEST_FAILED = "the runner could not generate this request (see the node's log)"
 STEP_FAILED = "a generation step failed; the requests in it were stopped (see the node's log)"
-
-
-def _restore_random_state(key: Any) -> None:
-    """Give MLX's global random generator a valid key again after a sampler or processor
-    failed. mlx-lm's samplers are compiled with the key as input and output: one that raises
-    while being traced leaves a placeholder as the key, and every later unseeded sampling in
-    this runner would then fail ("eval an array without a primitive"), not just the request
-    that was wrong. MLX has no setter for the key: it is seeded from the key held before."""
-    mx.random.seed(int(key[-1].item()))
-
-
-def _random_key() -> Any:
-    """MLX's global random key (its stubs type `mx.random.state` as a plain object)."""
-    state: Any = mx.random.state
-    return state[0]
-
-
-class _Guard:
-    """Wraps one request's sampler and processors: an exception is recorded against the
-    request, and a harmless value stands in for the result so the rest of the batch steps."""
-
-    def __init__(self) -> None:
-        self.failed: dict[TaskId, BaseException] = {}
-
-    def sampler(self, task_id: TaskId, inner: Sampler) -> Sampler:
-        def sample(logprobs: mx.array) -> mx.array:
-            key = _random_key()
-            try:
-                return inner(logprobs)
-            except Exception as e:
-                _restore_random_state(key)
-                self.failed.setdefault(task_id, e)
-                return greedy(logprobs)
-
-        return sample
-
-    def processor(self, task_id: TaskId, inner: LogitsProcessor) -> LogitsProcessor:
-        def process(tokens: mx.array, logits: mx.array) -> mx.array:
-            key = _random_key()
-            try:
-                return inner(tokens, logits)
-            except Exception as e:
-                _restore_random_state(key)
-                self.failed.setdefault(task_id, e)
-                return logits
-
-        return process
 
 
 @dataclass(frozen=True)
@@ -262,7 +191,7 @@ class BatchEngine:
         )
         self._generator = self._new_generator()
         self._blas_threads = for_this_process()
-        self._guard = _Guard()
+        self._guard = RequestGuard()
         self._by_uid: dict[int, _Sequence] = {}
         self._by_task: dict[TaskId, _Sequence] = {}
 

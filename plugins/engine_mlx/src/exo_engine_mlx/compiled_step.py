@@ -10,7 +10,7 @@ after attention (output projection, residual, norm, MLP, residual). The cache up
 before; the attention groups the query heads (attention.py) and, with exo's CPU kernels built,
 is one kernel primitive a layer instead of ~8 MLX ops (EXO_FUSED_ATTENTION=off: the ops). On
 exo's CPU kernels the projections that read the same input (q/k/v, gate/up) run as one kernel
-call each (`cpu_kernels.fuse_linears`: bit for bit the same outputs, 4 kernel calls a layer
+call each (`fused_linear.fuse_linears`: bit for bit the same outputs, 4 kernel calls a layer
 instead of 7). The step also folds the row-wise work into those calls
 (`FusedLinear.with_row_work`): the RMSNorms into the q/k/v and gate/up calls, the rotary
 embedding (plain nn.RoPE) into q/k/v's, which also hands q/k/v over already split by head,
@@ -41,7 +41,7 @@ from mlx_lm.models.activations import swiglu
 
 import exo_mlx_cpu_kernels as kernels
 from exo_engine_mlx.attention import decode_attention
-from exo_engine_mlx.cpu_kernels import FusedLinear, as_fused, fuse_linears
+from exo_engine_mlx.fused_linear import FusedLinear, as_fused, fuse_linears
 
 _OFF = ("off", "0", "no", "false")
 

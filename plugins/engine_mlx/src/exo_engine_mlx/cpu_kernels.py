@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +104,7 @@ def int8_activations(env: Mapping[str, str] | None = None) -> bool:
     return int8_min_rows(env) is not None
 
 
-def _int8_for(min_rows: int | None, rows: int) -> bool:
+def int8_for(min_rows: int | None, rows: int) -> bool:
     return min_rows is not None and rows >= min_rows
 
 
@@ -116,14 +116,14 @@ def kernels_requested(env: Mapping[str, str] | None = None) -> bool:
     return env.get("EXO_DENSE", "auto").strip().lower() not in ("on", "1", "yes", "true")
 
 
-def _layout(m: Any) -> tuple[int, int]:
+def kernel_layout(m: Any) -> tuple[int, int]:
     """A quantized layer's (bits, group size)."""
     return int(m.bits), int(m.group_size)
 
 
 def _supported(m: nn.Module) -> bool:
     return m.get("biases") is not None and kernels.supports(
-        *_layout(m), str(getattr(m, "mode", "affine"))
+        *kernel_layout(m), str(getattr(m, "mode", "affine"))
     )
 
 
@@ -138,7 +138,7 @@ def implied_q4_0_bias(m: nn.Module) -> bool:
     scale: the kernels then take them as implied and never read them (4.5 bits a weight read
     instead of 5 at group 32, the same bits out)."""
     scales, biases = m["scales"], m["biases"]
-    if _layout(m)[0] != 4 or scales.dtype not in (mx.float16, mx.bfloat16):
+    if kernel_layout(m)[0] != 4 or scales.dtype not in (mx.float16, mx.bfloat16):
         return False
     return bool(mx.array_equal(biases.astype(mx.float32), -8 * scales.astype(mx.float32)).item())
 
@@ -152,10 +152,10 @@ def quantized_linear(x: mx.array, m: nn.Module) -> mx.array:
     """x @ W.T for a quantized layer `m` (weight/scales/biases), float32 out."""
     w, scales, biases = m["weight"], m["scales"], _read_biases(m)
     rows = x.size // x.shape[-1] if x.ndim else 1
-    if _dequantize_pays_here(rows, w.shape[0], x.shape[-1], int(m.bits)):
+    if dequantize_pays_here(rows, w.shape[0], x.shape[-1], int(m.bits)):
         return x.astype(mx.float32) @ dense_weight(m).T
-    int8 = _int8_for(getattr(m, "int8_min_rows", None), rows)
-    bits, group_size = _layout(m)
+    int8 = int8_for(getattr(m, "int8_min_rows", None), rows)
+    bits, group_size = kernel_layout(m)
     return kernels.quantized_matmul(x, w, scales, biases, group_size, bits, int8)
 
 
@@ -182,7 +182,7 @@ def kernel_rate(bits: int, in_features: int, simd: str | None = None) -> float:
     return KERNEL_GFLOPS
 
 
-def _dequantize_pays_here(rows: int, out_features: int, in_features: int, bits: int) -> bool:
+def dequantize_pays_here(rows: int, out_features: int, in_features: int, bits: int) -> bool:
     if not _fast_blas():
         return False
     rate = kernel_rate(bits, in_features, _simd())
@@ -213,7 +213,7 @@ def dense_weight(m: nn.Module) -> mx.array:
     kept = getattr(m, "kept_dense", None)
     if isinstance(kept, _Kept):
         return kept.weight
-    bits, group_size = _layout(m)
+    bits, group_size = kernel_layout(m)
     return kernels.dequantize(m["weight"], m["scales"], m["biases"], group_size, bits)
 
 
@@ -230,7 +230,7 @@ def kept_dense_pays(model: nn.Module, simd: str | None = None) -> bool:
     return any(
         kernel_rate(bits, _in_features(m), simd) < KEPT_DENSE_PAYS_BELOW * BLAS_GFLOPS
         for m in _kept_layers(model)
-        for bits in (_layout(m)[0],)
+        for bits in (kernel_layout(m)[0],)
     )
 
 
@@ -252,7 +252,7 @@ def kept_dense_budget(
 
 
 def _in_features(m: nn.Module) -> int:
-    return int(m["weight"].shape[1]) * 32 // _layout(m)[0]
+    return int(m["weight"].shape[1]) * 32 // kernel_layout(m)[0]
 
 
 def _kept_layers(model: nn.Module) -> list[nn.Module]:
@@ -387,144 +387,3 @@ def use_kernels(
             m.int8_min_rows = None if _is_head(name, m) else min_rows
             switched += 1
     return switched
-
-
-@dataclass(frozen=True)
-class FusedLinear:
-    """Kernel layers that read the same input (q/k/v, gate/up) as one kernel call.
-
-    Their packed weights, scales and biases are concatenated along the output rows; the kernel
-    computes every output row from that row alone, so each part of the output is bit for bit
-    what the layer alone gives, for one call's overhead instead of several. The layers keep
-    their parameters as slices of the concatenation (views: no second copy), and take over
-    where dequantize + BLAS would run (many rows), so a prefill is unchanged."""
-
-    weight: mx.array
-    scales: mx.array
-    biases: mx.array
-    group_size: int
-    bits: int
-    int8_min_rows: int | None  # int8 activations for calls of at least this many rows
-    ends: tuple[int, ...]  # where each layer's output rows end (the last is the total)
-    parts: tuple[nn.Module, ...]
-    implicit_bias: bool = False  # every part's biases are Q4_0's (`implied_q4_0_bias`)
-
-    @property
-    def read_biases(self) -> mx.array | None:
-        return None if self.implicit_bias else self.biases
-
-    def kernel_pays(self, rows: int) -> bool:
-        """Whether the kernel, not dequantize + BLAS, is the cheaper way for `rows` rows of x
-        (for every part: a part that would take the BLAS path takes it)."""
-        cols = int(self.weight.shape[1]) * 32 // self.bits
-        return not any(
-            _dequantize_pays_here(rows, p["weight"].shape[0], cols, self.bits) for p in self.parts
-        )
-
-    def __call__(self, x: mx.array) -> list[mx.array]:
-        rows = x.size // x.shape[-1] if x.ndim else 1
-        if not self.kernel_pays(rows):
-            return [p(x) for p in self.parts]
-        y = kernels.quantized_matmul(
-            x,
-            self.weight,
-            self.scales,
-            self.read_biases,
-            self.group_size,
-            self.bits,
-            _int8_for(self.int8_min_rows, rows),
-        )
-        return list(mx.split(y, list(self.ends[:-1]), axis=-1))
-
-    def with_row_work(
-        self,
-        x: mx.array,
-        *,
-        norm: nn.RMSNorm | None = None,
-        swiglu: bool = False,
-        residual: mx.array | None = None,
-        split: bool = True,
-        rope: tuple[nn.RoPE, int, mx.array] | None = None,
-    ) -> list[mx.array]:
-        """The parts' outputs with the row-wise work around them in the same primitive: an
-        RMSNorm of x before (`norm`), or SwiGLU of x's [gate, up] halves (`swiglu`); a
-        residual added after (one part, or `split=False`: the whole output as one array).
-        `rope` = (the layer's nn.RoPE, head dim, offset array): rotate the first two parts (q,
-        k) in the same primitive, each part shaped (B, heads, 1, head dim) for the attention
-        (x must then be (B, 1, K)). Equal to the separate ops up to float32 rounding of the
-        norm, the activation and the rotary's sin/cos."""
-        rotary = None
-        if rope is not None:
-            r, head_dim, _ = rope
-            rotary = (int(r.dims), head_dim, bool(r.traditional), float(r.base), float(r.scale))
-        prologue = "rms_norm" if norm is not None else "swiglu" if swiglu else "none"
-        return kernels.fused_linear(
-            x,
-            self.weight,
-            self.scales,
-            self.read_biases,
-            self.group_size,
-            self.bits,
-            _int8_for(self.int8_min_rows, x.size // x.shape[-1]),
-            list(self.ends) if split else [self.ends[-1]],
-            prologue=prologue,
-            norm_weight=None if norm is None else norm["weight"],
-            eps=0.0 if norm is None else float(norm.eps),
-            residual=residual,
-            rope=rotary,
-            rope_offset=None if rope is None else rope[2],
-            heads_out=rope is not None,
-        )
-
-
-def _kernel_setup(m: Any) -> tuple[int, int, int | None]:
-    return *_layout(m), m.int8_min_rows
-
-
-def _plain(m: nn.Module) -> bool:
-    return type(m) is KernelQuantizedLinear and "bias" not in m
-
-
-def as_fused(m: nn.Module) -> FusedLinear | None:
-    """A single plain kernel layer as a one-part FusedLinear (its own arrays, no copy), for
-    `with_row_work`; None for anything else."""
-    if not _plain(m):
-        return None
-    bits, group_size, int8 = _kernel_setup(m)
-    rows = int(m["weight"].shape[0])
-    return FusedLinear(
-        m["weight"], m["scales"], m["biases"], group_size, bits, int8, (rows,), (m,),
-        bool(getattr(m, "implicit_bias", False)),
-    )  # fmt: skip
-
-
-def fuse_linears(layers: Sequence[nn.Module]) -> FusedLinear | None:
-    """One kernel call for `layers` (same input), or None where they cannot share one: not all
-    plain kernel layers, a bias, or different bits / group sizes / activation modes."""
-    if len(layers) < 2 or not all(_plain(m) for m in layers):
-        return None
-    setups = {_kernel_setup(m) for m in layers}
-    if len(setups) != 1:
-        return None
-    bits, group_size, int8 = setups.pop()
-    fused = {
-        key: mx.concatenate([m[key] for m in layers], axis=0)
-        for key in ("weight", "scales", "biases")
-    }
-    ends: list[int] = []
-    for m in layers:
-        start = ends[-1] if ends else 0
-        ends.append(start + int(m["weight"].shape[0]))
-        for key, whole in fused.items():
-            m[key] = whole[start : ends[-1]]
-    return FusedLinear(
-        fused["weight"],
-        fused["scales"],
-        fused["biases"],
-        group_size,
-        bits,
-        int8,
-        tuple(ends),
-        tuple(layers),
-        all(getattr(m, "implicit_bias", False) for m in layers),
-    )

@@ -193,7 +193,7 @@ def _run_case(case: Case, rank: int, group: Any) -> CaseResult:
         error = f"rank {rank} could not load its part: {type(e).__name__}: {e}"
     if not _all_loaded(group, not error):
         return CaseResult(error=error or "another rank could not load its part")
-    from exo_engine_mlx.batching import can_batch
+    from exo_engine_mlx.generation_solo import can_batch
 
     # As a runner group does: one cache per request on every rank if any rank needs it.
     out = generate(model, tokenizer, batched=not any_rank(group, not can_batch(model)))

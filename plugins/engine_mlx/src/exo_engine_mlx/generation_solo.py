@@ -48,6 +48,29 @@ def batchable(caches: Sequence[Any]) -> bool:
     return all(mergeable(c) for c in caches)
 
 
+def has_recurrent_state(model: Any) -> bool:
+    """Whether the model carries a recurrent state (SSM, convolution, linear attention) in its
+    cache. mlx-lm prefills a batch's prompts left-padded to one length; not every family masks
+    the padding out of such a state (Nemotron-H's mamba blocks run over it), which changes a
+    shorter prompt's answer. Prompts of these models are therefore prefilled one at a time and
+    join the decode batch after: the same answer as alone, at the cost of batched prefill."""
+    from mlx_lm.models.cache import ArraysCache, CacheList, make_prompt_cache
+
+    def recurrent(cache: Any) -> bool:
+        if isinstance(cache, CacheList):  # a layer with several caches (Falcon-H1, ...)
+            return any(recurrent(c) for c in cache.caches)
+        return isinstance(cache, ArraysCache)
+
+    return any(recurrent(c) for c in make_prompt_cache(model))
+
+
+def can_batch(model: Any) -> bool:
+    """Whether mlx-lm's batch generator can batch this model's caches (`batchable`)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    return batchable(make_prompt_cache(model))
+
+
 class _OneSequence(ExoGenerationBatch):
     """mlx-lm's decode batch holding one request on its own cache. A finished request's cache
     is simply its own (these cache types have no `extract` to cut one out of a batch)."""

@@ -102,7 +102,8 @@ def _load(launch: Launch, out: RunnerOutbox, watchdog: Watchdog) -> tuple[Any, A
 
 def serve(conn: Connection, launch: Launch) -> int:
     from exo_core.plugin.engine import any_rank
-    from exo_engine_mlx.batching import BatchEngine, can_batch, has_recurrent_state
+    from exo_engine_mlx.batching import BatchEngine
+    from exo_engine_mlx.generation_solo import can_batch, has_recurrent_state
     from exo_engine_mlx.prefix_cache import PrefixCache
 
     out = RunnerOutbox(conn)
