@@ -267,8 +267,10 @@ class Election:
             # Nodes that voted in a newer term no longer acknowledge ours, and cannot follow
             # us: step down so that an election picks a term after their votes. A vote
             # rounds beyond any election that could have happened is a lie (a member forging
-            # campaigns), and does not depose a master.
-            later = [c for c in members if plausible_later_vote(c.voted_term, me.term)]
+            # campaigns), and does not depose a master. Outsiders' votes count here: a cluster
+            # that formed apart and led a later term is met this way (the members then elect
+            # after its term, and it follows them).
+            later = [c for c in others if plausible_later_vote(c.voted_term, me.term)]
             if later:
                 voted = max(later, key=lambda c: c.voted_term)
                 logger.info(
