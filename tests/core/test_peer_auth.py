@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from exo_core.commands import AddModelCard, CommandEnvelope, ReportEvents, SubmitTask
@@ -284,3 +285,42 @@ def test_a_new_term_is_after_every_vote_but_one_no_honest_node_could_cast() -> N
     forged = [*pool, campaign(B, term=MAX_TERM, voted_for=B)]
     term = new_term(1 << 16, forged, A)
     assert term_round(term) == 5 and has_successor(term)
+
+
+@pytest.mark.anyio
+async def test_a_master_whose_claim_is_backed_again_is_followed_again() -> None:
+    # B follows A's claim (A's own vote is a majority of the one member B knows), then hears C
+    # and a cluster of three: A's one vote no longer backs the claim, and B counts A lost.
+    # Once B has voted in A's term (A asks for missing votes), B follows A again: a loss left
+    # standing would make B count candidate turns from it at the next failover and wait for
+    # another candidate than the other survivor does (seconds more to fail over).
+    c, term = NodeId("c"), 5
+    me = campaign(B, term=1, voted_for=None, voted_term=0)
+    follows: list[tuple[NodeId, int]] = []
+
+    async def nothing(*_: object) -> None:
+        return None
+
+    async def follow(master: NodeId, t: int) -> None:
+        follows.append((master, t))
+
+    async def never(_: int) -> bool:
+        return False
+
+    election = Election(
+        me=lambda: me,
+        broadcast=nothing,
+        become_master=never,
+        follow=follow,
+        step_down=nothing,
+    )
+    claim = campaign(A, term=term, voted_for=A, master=True)
+    election.observe(claim)
+    await election.evaluate(me)
+    assert follows == [(A, term)]
+    election.observe(msgspec.structs.replace(campaign(c, term=1, voted_for=None), members=3))
+    await election.evaluate(me)
+    assert follows == [(A, term)]  # counted lost: the claim is not backed now
+    me = campaign(B, term=1, voted_for=A, voted_term=term)
+    await election.evaluate(me)
+    assert follows == [(A, term), (A, term)]

@@ -280,7 +280,11 @@ class Election:
                 await self._step_down()
             return
         if best_master and best_master.term >= max(self.term, me.term):
-            if self.master != best_master.node_id or self.term != best_master.term:
+            # Following it again after counting it lost (its claim lacked votes for a moment,
+            # e.g. until this node voted in its term) ends the loss: turns counted from a
+            # stale loss would pick another candidate than the other survivors at failover.
+            following = (self.master, self.term) == (best_master.node_id, best_master.term)
+            if not following or self._lost_master_at is not None:
                 await self._set_following(best_master)
             return
         # No live master.
