@@ -56,15 +56,16 @@ _WORDS = [
 ]
 
 
-def long_prompt(tokens: int) -> str:
-    """A prompt of about `tokens` tokens: numbered sentences of rotating words."""
+def long_prompt(tokens: int, salt: str = "") -> str:
+    """A prompt of about `tokens` tokens: numbered sentences of rotating words (a `salt` at its
+    start makes it new to a prompt cache)."""
     sentences = []
     n = 0
     while n * 14 < tokens:
         words = [_WORDS[(n * 7 + i * 3) % len(_WORDS)] for i in range(6)]
         sentences.append(f"{n}. The {' '.join(words)}.")
         n += 1
-    return "Summarise these notes in one word.\n" + "\n".join(sentences)
+    return f"{salt}Summarise these notes in one word.\n" + "\n".join(sentences)
 
 
 RUNNING_PROMPT = "Count from 1 to 3000, separated by commas, and nothing else."
@@ -79,8 +80,11 @@ class Pause:
     b_prompt_tokens: int
 
 
-def longest_pause(base_url: str, model: str, prompt_tokens: int, extra: dict[str, object]) -> Pause:
-    """One measurement: stream A runs; after its first tokens B (a long prompt) is sent."""
+def longest_pause(
+    base_url: str, model: str, prompt_tokens: int, extra: dict[str, object], salt: str = ""
+) -> Pause:
+    """One measurement: stream A runs; after its first tokens B (a long prompt, `salt` at its
+    start) is sent."""
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="none", timeout=900, max_retries=0)
@@ -114,7 +118,7 @@ def longest_pause(base_url: str, model: str, prompt_tokens: int, extra: dict[str
     sent = time.perf_counter()
     b = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": long_prompt(prompt_tokens)}],
+        messages=[{"role": "user", "content": long_prompt(prompt_tokens, salt)}],
         max_tokens=1,
         temperature=0.0,
         extra_body=extra,

