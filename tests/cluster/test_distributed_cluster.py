@@ -29,6 +29,7 @@ from exo_core.testing.harness import RunningCluster, running_cluster
 from exo_engine_mlx.cards import EMBEDDED_MODEL_ID
 from exo_engine_mlx.engine import MlxEngine
 from exo_engine_mlx.runner import MlxRunner
+from exo_engine_mlx.testing import float_activations
 from exo_engine_mlx.tiny_model import make_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm]
@@ -66,7 +67,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster
         return [exo_engine_mlx.plugin, exo_api_openai.plugin, cards]
 
     root = tmp_path_factory.mktemp("cluster")
-    with running_cluster(root, 3, plugins, auto_place=False) as c:
+    # Float activations: a tensor split's text equals one node's token for token only there.
+    with float_activations(), running_cluster(root, 3, plugins, auto_place=False) as c:
         c.wait(lambda: all(len(n.node.state.nodes) == 3 for n in c.nodes), timeout=30)
         c.wait(
             lambda: all(n.resources.engines for n in c.nodes[0].node.state.nodes.values()),

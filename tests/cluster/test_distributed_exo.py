@@ -27,6 +27,7 @@ from exo_core.testing.processes import (
 )
 from exo_engine_mlx.cards import write_imported_card
 from exo_engine_mlx.family_sweep import PROMPT, tiny_card
+from exo_engine_mlx.testing import float_activations
 from exo_engine_mlx.tiny_model import make_tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm]
@@ -58,7 +59,11 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[ExoProcess]
         write_imported_card(
             llama4, replace(card, model_id=ModelId(LLAMA4), source=f"local:{llama4}")
         )
-    with exo_processes(root, 3, extra_args=[["--no-auto-place"]] * 3) as started:
+    # Float activations: a tensor split's text equals one node's token for token only there.
+    with (
+        float_activations(),
+        exo_processes(root, 3, extra_args=[["--no-auto-place"]] * 3) as started,
+    ):
         wait_joined(started)
         yield started
 

@@ -153,6 +153,8 @@ def test_smollm_greedy_text_identical_compiled(
     from exo_engine_mlx.loading import load_model
 
     monkeypatch.delenv("EXO_COMPILE_STEP", raising=False)
+    # The compiled step's folded norms round differently: token for token on float only.
+    monkeypatch.setenv("EXO_CPU_KERNELS", "float")
     model, tokenizer = load_model(str(ensure_embedded_model(tmp_path)))
     assert isinstance(model.model.layers[0], CompiledTransformerBlock)
     compiled = batch_texts(model, tokenizer, 16)

@@ -3,6 +3,7 @@ pipeline and tensor, give the single process's greedy text."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from exo_core.plugin import FinishChunk
 from exo_engine_mlx.distributed.testing import final, group_specs, running_group, task, text_of
 from exo_engine_mlx.embedded import ensure_embedded_model
+from exo_engine_mlx.testing import float_activations
 
 pytestmark = [pytest.mark.slow, pytest.mark.smollm]
 
@@ -17,6 +19,13 @@ PROMPTS = {
     "capital": "What is the capital of France?",
     "poem": "Write one line about the sea.",
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _float() -> Iterator[None]:
+    # A tensor split's text equals one node's token for token with float activations only.
+    with float_activations():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -47,12 +47,21 @@ def test_agreement_measures_flips_and_divergence() -> None:
 
 
 def test_mode_selection() -> None:
-    assert int8_min_rows({}) is None and int8_min_rows({"EXO_CPU_KERNELS": "auto"}) is None
+    # The default: int8 on every call where the CPU has AVX-512 VNNI, float elsewhere.
+    auto = 1 if kernels.available() and kernels.vnni() else None
+    assert int8_min_rows({}) == auto and int8_min_rows({"EXO_CPU_KERNELS": "auto"}) == auto
+    if kernels.available():
+        kernels.force_no_vnni(True)
+        try:
+            assert int8_min_rows({}) is None
+        finally:
+            kernels.force_no_vnni(False)
     assert int8_min_rows({"EXO_CPU_KERNELS": "float"}) is None
     assert int8_min_rows({"EXO_CPU_KERNELS": "off"}) is None
     assert int8_min_rows({"EXO_CPU_KERNELS": " INT8 "}) == 1
     assert int8_min_rows({"EXO_CPU_KERNELS": "int8-batch"}) == INT8_BATCH_MIN_ROWS == 2
-    assert int8_activations({"EXO_CPU_KERNELS": "int8-batch"}) and not int8_activations({})
+    assert int8_activations({"EXO_CPU_KERNELS": "int8-batch"})
+    assert not int8_activations({"EXO_CPU_KERNELS": "float"})
 
 
 @pytest.mark.skipif(not kernels.available(), reason="kernels not built")

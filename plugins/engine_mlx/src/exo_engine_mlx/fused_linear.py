@@ -43,8 +43,9 @@ class FusedLinear:
         """Whether the kernel, not dequantize + BLAS, is the cheaper way for `rows` rows of x
         (for every part: a part that would take the BLAS path takes it)."""
         cols = int(self.weight.shape[1]) * 32 // self.bits
+        int8 = cpu_kernels.int8_for(self.int8_min_rows, rows)
         return not any(
-            cpu_kernels.dequantize_pays_here(rows, p["weight"].shape[0], cols, self.bits)
+            cpu_kernels.blas_pays(int8, rows, p["weight"].shape[0], cols, self.bits)
             for p in self.parts
         )
 
