@@ -290,7 +290,7 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
     header = f"{'':28}" + "".join(f"{n:>12}" for n in names)
     theirs_known = "llama.cpp" in results
     ours = [n for n in names if n != "llama.cpp"] if theirs_known else []
-    print(header + "".join(f"{n + ' / llama.cpp':>21}" for n in ours))
+    print(header + "".join(f"{n + ' / llama.cpp':>24}" for n in ours))
     rows = [
         ("time to first token s", "ttft", "{:>12.3f}"),
         ("first token s, cached prompt", "cached_ttft", "{:>12.3f}"),
@@ -306,7 +306,7 @@ def print_table(results: dict[str, Figures], streams: int) -> None:
         for n in ours:
             theirs = getattr(results["llama.cpp"], attr)
             ratio = getattr(results[n], attr) / theirs if theirs else NAN
-            line += f"{ratio:>21.2f}"
+            line += f"{ratio:>24.2f}"
         print(line, flush=True)
 
 
