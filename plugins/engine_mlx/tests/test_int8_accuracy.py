@@ -1,6 +1,7 @@
 """The accuracy policy of int8 activations (EXO_CPU_KERNELS=int8), held on SmolLM2's real
 weights over fixed prose and code: top-1 agreement and KL(float || int8) against the float
-path, teacher-forced (bounds in `exo_engine_mlx.activation_accuracy`, docs/cpu-kernels.md)."""
+path, teacher-forced (bounds in `exo_engine_mlx.activation_accuracy` and
+plugins/mlx_cpu_kernels/README.md)."""
 
 from __future__ import annotations
 
