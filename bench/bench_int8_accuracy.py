@@ -29,10 +29,10 @@ from mlx_lm.sample_utils import make_sampler
 from exo_engine_mlx.activation_accuracy import (
     TEXTS,
     agreement,
-    common_prefix,
     teacher_forced_logits,
 )
 from exo_engine_mlx.cpu_kernels import simd, use_kernels
+from exo_engine_mlx.prefix_cache import common_prefix
 
 PROMPT_TOKENS = 48
 CONTINUATION = 64

@@ -20,7 +20,6 @@ from exo_engine_mlx.activation_accuracy import (
     MIN_TOP1,
     TEXTS,
     agreement,
-    common_prefix,
     teacher_forced_logits,
 )
 from exo_engine_mlx.cpu_kernels import (
@@ -32,6 +31,7 @@ from exo_engine_mlx.cpu_kernels import (
 from exo_engine_mlx.embedded import embedded_gguf_path
 from exo_engine_mlx.fused_linear import FusedLinear, fuse_linears
 from exo_engine_mlx.gguf import import_gguf
+from exo_engine_mlx.prefix_cache import common_prefix
 
 
 def test_agreement_measures_flips_and_divergence() -> None:

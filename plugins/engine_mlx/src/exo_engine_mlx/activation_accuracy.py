@@ -124,13 +124,3 @@ def agreement(float_logits: np.ndarray, int8_logits: np.ndarray) -> Agreement:
         p99_kl=float(np.percentile(kl, 99)),
         max_kl=float(kl.max()),
     )
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two greedy continuations share."""
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
