@@ -78,9 +78,7 @@ def messages(salt: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": f"Session {salt}."}, {"role": "user", "content": PROMPT}]
 
 
-def stream_once(
-    base_url: str, model: str, tokens: int, extra: dict[str, object], salt: str = "warm-up"
-) -> Run:
+def stream_once(base_url: str, model: str, tokens: int, salt: str = "warm-up") -> Run:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0)
@@ -95,7 +93,6 @@ def stream_once(
         temperature=0.0,
         stream=True,
         stream_options={"include_usage": True},
-        extra_body=extra,
     )
     for chunk in stream:
         if chunk.choices and chunk.choices[0].delta.content:
@@ -109,16 +106,14 @@ def stream_once(
     return Run(ttft=first - start, decode=end - first, tokens=usage_tokens or chunks)
 
 
-def concurrent_rate(
-    base_url: str, model: str, tokens: int, streams: int, extra: dict[str, object], salt: str
-) -> float:
+def concurrent_rate(base_url: str, model: str, tokens: int, streams: int, salt: str) -> float:
     """Tokens a second over `streams` fresh requests sent at once, from the first sent to the
     last finished."""
     start = time.perf_counter()
     with ThreadPoolExecutor(streams) as pool:
         many = list(
             pool.map(
-                lambda i: stream_once(base_url, model, tokens, extra, f"{salt}-{i}"),
+                lambda i: stream_once(base_url, model, tokens, f"{salt}-{i}"),
                 range(streams),
             )
         )
@@ -147,17 +142,17 @@ def race(
     from bench_fairness import longest_pause
 
     for server in servers:
-        stream_once(server.url, server.model, 4, {})  # warm-up: places and loads the model
+        stream_once(server.url, server.model, 4)  # warm-up: places and loads the model
     fresh: dict[str, list[Run]] = {s.name: [] for s in servers}
     cached: dict[str, list[Run]] = {s.name: [] for s in servers}
     rates: dict[str, list[float]] = {s.name: [] for s in servers}
     pauses: dict[str, list[tuple[float, float]]] = {s.name: [] for s in servers}
     for i in range(rounds):
         for s in alternating(servers, i):
-            fresh[s.name].append(stream_once(s.url, s.model, tokens, {}, f"round {i}"))
-            cached[s.name].append(stream_once(s.url, s.model, 4, {}, f"round {i}"))
+            fresh[s.name].append(stream_once(s.url, s.model, tokens, f"round {i}"))
+            cached[s.name].append(stream_once(s.url, s.model, 4, f"round {i}"))
         for s in alternating(servers, i):
-            rates[s.name].append(concurrent_rate(s.url, s.model, tokens, streams, {}, f"{i}"))
+            rates[s.name].append(concurrent_rate(s.url, s.model, tokens, streams, f"{i}"))
     for i in range(2 if pause_tokens > 0 else 0):
         for s in alternating(servers, i):
             pause = longest_pause(s.url, s.model, pause_tokens, {}, salt=f"Notes {i}. ")
@@ -382,22 +377,22 @@ def llama_memory(pid: int) -> tuple[float, float]:
 
 def cpu_flags() -> str:
     """The SIMD flags that decide the kernels' paths (and llama.cpp's)."""
-    flags: set[str] = set()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
+    flags = set(_cpuinfo("flags").split())
     wanted = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni"]
     return "flags: " + " ".join(f for f in wanted if f in flags)
 
 
 def _cpu_model() -> str:
+    return _cpuinfo("model name") or "unknown CPU"
+
+
+def _cpuinfo(field: str) -> str:
+    """The first CPU's `field` in /proc/cpuinfo ("" where there is none)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith(field):
                 return line.split(":", 1)[1].strip()
-    return "unknown CPU"
+    return ""
 
 
 if __name__ == "__main__":

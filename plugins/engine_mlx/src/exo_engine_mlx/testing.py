@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import mlx.core as mx
 
@@ -73,20 +73,11 @@ def finish_of(chunks: list[Chunk]) -> FinishChunk:
     return last
 
 
-@contextlib.contextmanager
-def float_activations() -> Iterator[None]:
+def float_activations() -> contextlib.AbstractContextManager[object]:
     """EXO_CPU_KERNELS=float for this process and the runners it starts, while inside.
 
     For tests of exact greedy text across paths that sum the same products in another order
     (a tensor split, the compiled step's folded norms): int8 activations (the default on VNNI
     CPUs) turn such last-bit differences into whole rounding steps of x, so their text agrees
     within the accuracy policy, not token for token."""
-    before = os.environ.get("EXO_CPU_KERNELS")
-    os.environ["EXO_CPU_KERNELS"] = "float"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("EXO_CPU_KERNELS", None)
-        else:
-            os.environ["EXO_CPU_KERNELS"] = before
+    return mock.patch.dict(os.environ, {"EXO_CPU_KERNELS": "float"})
