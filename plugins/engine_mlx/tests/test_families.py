@@ -166,17 +166,11 @@ def test_placement_gives_every_nemotron_h_rank_a_layer_that_holds_a_cache(tmp_pa
 def _slice(path: Path, start: int, end: int, rank: int) -> None:
     """Cut the model as a pipeline rank's runner does (no ring needed to cut it)."""
     from exo_engine_mlx.distributed.pipeline import split_pipeline
+    from exo_engine_mlx.distributed.testing import RankOfTwo
     from exo_engine_mlx.loading import load_model
 
-    class _Group:  # the rank and size are all the cut reads of the group
-        def rank(self) -> int:
-            return rank
-
-        def size(self) -> int:
-            return 2
-
     model, _ = load_model(str(path))
-    split_pipeline(model, start, end, (start, 4 - start), _Group())  # type: ignore[arg-type]
+    split_pipeline(model, start, end, (start, 4 - start), RankOfTwo(rank))  # type: ignore[arg-type]
 
 
 def test_a_nemotron_nas_rank_of_no_op_attention_blocks_only_is_refused() -> None:

@@ -21,24 +21,12 @@ import pytest
 from exo_core.plugin import ChatMessage, GenerationParams, SamplingParams, TaskId
 from exo_engine_mlx.batching import BatchEngine
 from exo_engine_mlx.distributed.pipeline import split_pipeline
+from exo_engine_mlx.distributed.testing import RankOfTwo
 from exo_engine_mlx.tiny_model import make_tiny_model
 
 HIDDEN = 64
 VOCAB = 400
 SEQUENCES = 3
-
-
-class _Pair:
-    """This process's rank of a 2-rank group (only its rank and size are asked)."""
-
-    def __init__(self, rank: int) -> None:
-        self._rank = rank
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return 2
 
 
 @pytest.fixture
@@ -74,7 +62,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _engine(model_dir: Path, rank: int) -> BatchEngine:
     model, tokenizer = mlx_lm.load(str(model_dir))[:2]
     start, end = (0, 2) if rank == 0 else (2, 4)
-    stage = split_pipeline(model, start, end, (2, 2), _Pair(rank))  # type: ignore[arg-type]
+    stage = split_pipeline(model, start, end, (2, 2), RankOfTwo(rank))  # type: ignore[arg-type]
     return BatchEngine(stage, tokenizer, max_concurrent=SEQUENCES)
 
 

@@ -17,6 +17,7 @@ from exo_engine_mlx.distributed.pipeline import (
     pipeline_method,
     split_pipeline,
 )
+from exo_engine_mlx.distributed.testing import RankOfTwo
 from exo_engine_mlx.tiny_model import TINY_FAMILIES, make_tiny_model
 
 PROMPT = [[5, 17, 42, 8, 99, 3, 250, 7, 61, 12, 33]]  # longer than gemma3_text's window of 8
@@ -110,19 +111,6 @@ def test_qwen3_5_moe_splits_through_the_model_it_extends() -> None:
     assert pipeline_method(qwen3_5_moe.Model(args)) == "mlx-lm"
 
 
-class _InMemoryPair:
-    """A 2-rank group in one process: the sends are handed over in memory (see below)."""
-
-    def __init__(self, rank: int) -> None:
-        self._rank = rank
-
-    def rank(self) -> int:
-        return self._rank
-
-    def size(self) -> int:
-        return 2
-
-
 @pytest.mark.parametrize("first", [1, 2, 3])
 def test_llama4_split_anywhere_gives_the_whole_models_tokens(
     first: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -154,8 +142,8 @@ def test_llama4_split_anywhere_gives_the_whole_models_tokens(
     expected = greedy(lambda x: whole(x, cache=whole_cache))
     counts = (first, 4 - first)
     stages = [
-        split_pipeline(_load(path), 0, first, counts, _InMemoryPair(0)),
-        split_pipeline(_load(path), first, 4, counts, _InMemoryPair(1)),
+        split_pipeline(_load(path), 0, first, counts, RankOfTwo(0)),
+        split_pipeline(_load(path), first, 4, counts, RankOfTwo(1)),
     ]
     caches = [s.make_cache() for s in stages]
 

@@ -50,6 +50,20 @@ INSTANCE = InstanceId("group")
 MODEL = ModelId("group-model")
 
 
+class RankOfTwo:
+    """Rank `rank` of a 2-rank group, as far as cutting a model for a pipeline stage reads a
+    group (its rank and size): a stage built in one process, with no ring."""
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return 2
+
+
 def free_ports(count: int) -> list[int]:
     """Ports free on 127.0.0.1 right now (held together, so they are distinct)."""
     sockets = [socket.socket() for _ in range(count)]
