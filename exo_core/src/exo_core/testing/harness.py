@@ -96,9 +96,7 @@ def running_node(
         try:
             yield running
         finally:
-            future.cancel()
-            with contextlib.suppress(Exception):
-                future.exception(timeout=10)
+            _stop(running)
 
 
 @dataclass
@@ -121,9 +119,7 @@ class RunningCluster:
 
     def stop(self, node: RunningNode) -> None:
         """Stop one node as a crash would: its tasks end and its transport leaves."""
-        node.future.cancel()
-        with contextlib.suppress(BaseException):
-            node.future.exception(timeout=10)
+        _stop(node)
 
     def restart(self, index: int) -> RunningNode:
         """Start node `index` again from its data directory (after `stop`)."""
@@ -195,8 +191,7 @@ def running_cluster(
             for n in running:
                 n.future.cancel()
             for n in running:
-                with contextlib.suppress(BaseException):
-                    n.future.exception(timeout=10)
+                _stop(n)
 
 
 def add_installed_dialects(host: PluginHost) -> None:
@@ -210,6 +205,16 @@ def add_installed_dialects(host: PluginHost) -> None:
         hooks = {n for n in dir(module) if host.pm.parse_hookimpl_opts(module, n) is not None}
         if hooks == {"exo_routes"} and not host.pm.is_registered(module):
             host.register(module, name=ep.name)
+
+
+def _stop(running: RunningNode, timeout: float = 10.0) -> None:
+    """Cancel a node's run and wait until its shutdown has ended. The future reads cancelled
+    at once, before the run's own cleanup (transport, log, data directory lock) has run: a
+    restart on the same data directory right after found the lock still held."""
+    running.future.cancel()
+    deadline = time.monotonic() + timeout
+    while running.node.data_lock.held and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 async def _make_node(
