@@ -286,10 +286,7 @@ std::vector<mx::array> fused_linear(
     throw std::invalid_argument("rms_norm needs a weight of x's width");
   auto stream = mx::default_stream(mx::Device(mx::Device::cpu));
   auto f32 = [&](const mx::array& a) { return mx::astype(a, mx::float32, stream); };
-  // Weights are evaluated and row-contiguous already: no Contiguous op per call for them.
-  auto packed = [&](const mx::array& a) {
-    return a.is_available() && a.flags().row_contiguous ? a : mx::contiguous(a, false, stream);
-  };
+  auto packed = [&](const mx::array& a) { return exo_kernels::packed(a, stream); };
   auto [s, b] = biases ? exo_kernels::scale_inputs(scales, *biases, stream, packed)
                       : std::pair{packed(scales), packed(scales)};
   std::vector<mx::array> inputs = {f32(x), packed(w), s, b};

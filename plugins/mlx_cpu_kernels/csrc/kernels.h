@@ -41,10 +41,9 @@ struct Problem {
   const int8_t* qx;       // [M, K]
   const float* dx;        // [M, K / 32]
   const float* dxt;       // [K / 32, M4]: dx transposed, M rounded up to 4 (4-row kernel)
-  // The VNNI kernel's (`compute_vnni`): per row and unit of 64, each lane's accumulator start
-  // (-8 * the sum of its 4 int8 values) and each lane's dx; qx then in that kernel's order.
-  const int32_t* qc = nullptr;  // [M, K / 64, 16]
-  const float* dxv = nullptr;   // [M, K / 64, 16]
+  // The VNNI kernel's (`compute_vnni`): per row and unit of 64, -8 * the sum of each of its
+  // two blocks' int8 values (the centring); qx then in that kernel's order.
+  const int32_t* qc = nullptr;  // [M, K / 64, 2]
   int64_t m4;
   int64_t M, N, K, G;
   int group_size, bits;

@@ -1094,7 +1094,7 @@ mx::array quantized_matmul(
   auto f32 = [&](const mx::array& a) {
     return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
   };
-  auto contiguous = [&](const mx::array& a) { return mx::contiguous(a, false, stream); };
+  auto packed = [&](const mx::array& a) { return exo_kernels::packed(a, stream); };
   mx::Shape out_shape = x.shape();
   out_shape.back() = static_cast<int>(N);
   if (!biases)
@@ -1103,13 +1103,13 @@ mx::array quantized_matmul(
         mx::float32,
         std::make_shared<QuantizedMatmulCPU>(
             stream, group_size, bits, false, int8_activations, true),
-        {f32(x), contiguous(w), contiguous(scales)});
-  auto [s, b] = exo_kernels::scale_inputs(scales, *biases, stream, contiguous);
+        {f32(x), packed(w), packed(scales)});
+  auto [s, b] = exo_kernels::scale_inputs(scales, *biases, stream, packed);
   return mx::array(
       out_shape,
       mx::float32,
       std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, false, int8_activations),
-      {f32(x), contiguous(w), s, b});
+      {f32(x), packed(w), s, b});
 }
 
 mx::array dequantize(
@@ -1128,14 +1128,14 @@ mx::array dequantize(
   auto f32 = [&](const mx::array& a) {
     return mx::contiguous(mx::astype(a, mx::float32, stream), false, stream);
   };
-  auto contiguous = [&](const mx::array& a) { return mx::contiguous(a, false, stream); };
-  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, contiguous);
+  auto packed = [&](const mx::array& a) { return exo_kernels::packed(a, stream); };
+  auto [s, b] = exo_kernels::scale_inputs(scales, biases, stream, packed);
   // The first input is unused by the dequantize path; a float32 scalar stands in for it.
   return mx::array(
       {static_cast<int>(N), static_cast<int>(K)},
       mx::float32,
       std::make_shared<QuantizedMatmulCPU>(stream, group_size, bits, true),
-      {mx::array(0.0f), contiguous(w), s, b});
+      {mx::array(0.0f), packed(w), s, b});
 }
 
 }  // namespace

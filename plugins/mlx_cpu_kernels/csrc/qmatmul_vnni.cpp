@@ -6,9 +6,10 @@
 // int8 x, then sum_b s dx dot_b + sum_g (bias + 8 s) xsum_g. Its AVX2 kernel needs abs, sign,
 // maddubs and madd per 32 weights; here one `vpdpbusd` multiplies 64 unsigned nibbles by 64 int8
 // values and sums them in fours into 16 int32 lanes. The centring is folded into the
-// accumulator's start: it begins at -8 * (the sum of the lane's 4 int8 values), computed once
-// per call for x, so each lane ends at its exact share of the centred dot product: the same
-// integers as the AVX2 and portable paths, only the float sums after differ in order.
+// accumulator's start: one lane of each block (lanes 0 and 4) begins at -8 * (the sum of the
+// block's 32 int8 values), computed once per call for x, so each block's lanes together end at
+// its exact centred dot product: the same integers as the AVX2 and portable paths, only the
+// float sums after differ in order.
 //
 // Layout: 32 packed bytes (64 weights, two blocks) become one vector, the low nibbles in the low
 // half, the high ones in the high half, so lanes 0-3 hold block 0's even elements, 4-7 block 1's
@@ -17,6 +18,11 @@
 // own block's dx and scale; the bias term sums 16 groups a vector; then hsum(total + bias). The
 // one-row kernel (4 weight rows) and the many-rows one (4 x 4) do that op for op: a row gives the
 // same bits alone and in any batch on a given CPU.
+//
+// x's side data is 8 bytes a unit (the two starts; dx is read from the int8 path's own 2 floats)
+// and both are spread to their lanes with one permute each, shared by 4 weight rows: x's rows
+// then take 72 bytes a unit instead of 192, and a prompt's rows stay in L2 (a 1B's 8192-wide
+// down projection ran at ~60 % of the 2048-wide layers' rate with 16-lane starts and dx).
 
 #include <algorithm>
 #include <atomic>
@@ -87,6 +93,17 @@ EXO_VNNI inline __m512 unit_scale(const T* sr, int64_t u) {
   }
 }
 
+// Each lane's block within a unit (0 or 1): the index that spreads a unit's two per-block values.
+EXO_VNNI inline __m512i block_lanes() {
+  return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+}
+
+// Two 32-bit words (a unit's two starts or two dx) in the low lanes of a vector.
+template <class V>
+EXO_VNNI inline __m512i two_words(const V* at) {
+  return _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+}
+
 // 32 packed bytes as 64 unsigned nibbles in the lane order above.
 EXO_VNNI inline __m512i nibbles64(const uint8_t* w) {
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
@@ -102,8 +119,8 @@ EXO_VNNI inline float hsum512(__m512 v) {
 }
 
 // Outputs [m0, m0 + R) x [n, n + W). T: how the scales are stored (float, F16, BF16), read in
-// place. p.qx: x in this file's lane order; p.qc / p.dxv: per row and unit, the accumulators'
-// start and the lanes' dx (`compute_vnni`).
+// place. p.qx: x in this file's lane order; p.qc: per row and unit, the two blocks' starts
+// (`compute_vnni`); p.dx: per row and block, dx.
 template <int GS, int W, int R, class T>
 EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0) {
   const int64_t units = p.K / 64;
@@ -121,9 +138,10 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0) {
   const float* dr[R];
   for (int r = 0; r < R; ++r) {
     xr[r] = p.qx + (m0 + r) * p.K;
-    cr[r] = p.qc + (m0 + r) * units * 16;
-    dr[r] = p.dxv + (m0 + r) * units * 16;
+    cr[r] = p.qc + (m0 + r) * units * 2;
+    dr[r] = p.dx + (m0 + r) * units * 2;
   }
+  const __m512i lanes = block_lanes();
   __m512 total[W][R];
   for (int j = 0; j < W; ++j)
     for (int r = 0; r < R; ++r) total[j][r] = _mm512_setzero_ps();
@@ -138,8 +156,8 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0) {
     }
     for (int r = 0; r < R; ++r) {
       const __m512i xv = _mm512_loadu_si512(xr[r] + 64 * u);
-      const __m512i start = _mm512_loadu_si512(cr[r] + 16 * u);
-      const __m512 dv = _mm512_loadu_ps(dr[r] + 16 * u);
+      const __m512i start = _mm512_maskz_permutexvar_epi32(0x0011, lanes, two_words(cr[r] + 2 * u));
+      const __m512 dv = _mm512_permutexvar_ps(lanes, _mm512_castsi512_ps(two_words(dr[r] + 2 * u)));
       for (int j = 0; j < W; ++j) {
         const __m512i dot = _mm512_dpbusd_epi32(start, wv[j], xv);
         total[j][r] =
@@ -176,16 +194,25 @@ EXO_VNNI inline void weight_rows(const Problem& p, int64_t n0, int64_t n1, int64
   for (; n < n1; ++n) block<GS, 1, R, T>(p, n, m0);
 }
 
+// x's share of L2: rows of x are taken in tiles of at most this many bytes (codes, starts and
+// dx), each tile against every weight row, so a long prompt's rows are read from L2, not L3.
+constexpr int64_t kTileBytes = 512 * 1024;
+
 template <int GS, class T>
 EXO_VNNI void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   // Blocks of 8 weight rows (their packed rows, 8 KB at K = 2048, stay in L1) against every row
-  // of x, 4 rows at a time, then the last 1-3 one by one.
+  // of a tile of x, 4 rows at a time, then the last 1-3 one by one.
   constexpr int64_t batch = 8;
-  for (int64_t nb = n0; nb < n1; nb += batch) {
-    const int64_t nb1 = std::min(n1, nb + batch);
-    int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) weight_rows<GS, 4, T>(p, nb, nb1, m);
-    for (; m < p.M; ++m) weight_rows<GS, 1, T>(p, nb, nb1, m);
+  const int64_t x_row_bytes = p.K + p.K / 64 * 16;
+  const int64_t tile = std::max<int64_t>(4, kTileBytes / x_row_bytes / 4 * 4);
+  for (int64_t t0 = 0; t0 < p.M; t0 += tile) {
+    const int64_t t1 = std::min(p.M, t0 + tile);
+    for (int64_t nb = n0; nb < n1; nb += batch) {
+      const int64_t nb1 = std::min(n1, nb + batch);
+      int64_t m = t0;
+      for (; m + 4 <= t1; m += 4) weight_rows<GS, 4, T>(p, nb, nb1, m);
+      for (; m < t1; ++m) weight_rows<GS, 1, T>(p, nb, nb1, m);
+    }
   }
 }
 
@@ -199,12 +226,10 @@ void rows_t(const Problem& p, int64_t n0, int64_t n1) {
 }
 
 // x (quantized by the int8 path: per block of 32, its 16 even elements, then its 16 odd ones)
-// reordered per unit of two blocks to [evens 0, evens 1, odds 0, odds 1]; each lane's
-// accumulator start -8 * (sum of its 4 values); each lane's dx.
-EXO_VNNI void prepare_x(
-    const int8_t* qx, const float* dx, int64_t M, int64_t K, int8_t* qv, int32_t* qc, float* dxv) {
+// reordered per unit of two blocks to [evens 0, evens 1, odds 0, odds 1]; per unit the two
+// blocks' starts, -8 * (the sum of the block's values).
+EXO_VNNI void prepare_x(const int8_t* qx, int64_t M, int64_t K, int8_t* qv, int32_t* qc) {
   const int64_t units = K / 64;
-  const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
   for (int64_t i = 0; i < M * units; ++i) {
     const int8_t* src = qx + 64 * i;
     int8_t* dst = qv + 64 * i;
@@ -214,9 +239,8 @@ EXO_VNNI void prepare_x(
     std::copy(src + 48, src + 64, dst + 48);
     const __m512i v = _mm512_loadu_si512(dst);
     const __m512i sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), v);
-    _mm512_storeu_si512(qc + 16 * i, _mm512_mullo_epi32(sums, _mm512_set1_epi32(-8)));
-    const __m128 two = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dx + 2 * i)));
-    _mm512_storeu_ps(dxv + 16 * i, _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(two)));
+    qc[2 * i] = -8 * _mm512_mask_reduce_add_epi32(0x0F0F, sums);
+    qc[2 * i + 1] = -8 * _mm512_mask_reduce_add_epi32(0xF0F0, sums);
   }
 }
 
@@ -232,15 +256,11 @@ V* scratch(std::vector<V>& store, int64_t count) {
 void compute_vnni(Problem p, void (*run)(const Problem&)) {
   thread_local std::vector<int8_t> qv_store;
   thread_local std::vector<int32_t> qc_store;
-  thread_local std::vector<float> dxv_store;
-  const int64_t units = p.K / 64;
   int8_t* qv = scratch(qv_store, p.M * p.K);
-  int32_t* qc = scratch(qc_store, p.M * units * 16);
-  float* dxv = scratch(dxv_store, p.M * units * 16);
-  prepare_x(p.qx, p.dx, p.M, p.K, qv, qc, dxv);
+  int32_t* qc = scratch(qc_store, p.M * p.K / 64 * 2);
+  prepare_x(p.qx, p.M, p.K, qv, qc);
   p.qx = qv;
   p.qc = qc;
-  p.dxv = dxv;
   run(p);
 }
 
