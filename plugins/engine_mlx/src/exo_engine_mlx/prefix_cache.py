@@ -20,6 +20,8 @@ from typing import Any
 
 from mlx_lm.models.cache import CacheList, ChunkedKVCache, trim_prompt_cache
 
+from exo_engine_mlx.protocol import MIN_PREFIX_TOKENS
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
@@ -86,7 +88,7 @@ class _Entry:
 
 
 class PrefixCache:
-    def __init__(self, budget_bytes: int, min_tokens: int = 8) -> None:
+    def __init__(self, budget_bytes: int, min_tokens: int = MIN_PREFIX_TOKENS) -> None:
         self.budget_bytes = budget_bytes
         self.min_tokens = min_tokens
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
