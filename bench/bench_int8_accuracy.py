@@ -2,7 +2,7 @@
 
 Reads real text (English prose and Python code, `exo_engine_mlx.activation_accuracy`) through
 the model twice, kernels with float activations and kernels with int8 activations everywhere
-but the output head, teacher-forced over the same tokens in 64-token chunks (each kernel call
+(the output head too), teacher-forced over the same tokens in 64-token chunks (each kernel call
 stays on the kernels). Prints per text: top-1 agreement, mean / p99 / max KL(float || int8) in
 nats, and how many tokens of a greedy continuation (64 tokens after the text's first 48) the
 two write alike.
@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["smollm2", "1b"])
     parser.add_argument("--tokens", type=int, default=0, help="cut each text (0: whole)")
     args = parser.parse_args()
-    print(f"kernels: {simd()}; int8 everywhere but the head vs float32 activations")
+    print(f"kernels: {simd()}; int8 everywhere (the head too) vs float32 activations")
     header = f"{'model':8} {'text':6} {'pos':>4} {'top-1':>7} {'mean KL':>9} {'p99 KL':>9}"
     print(header + f" {'max KL':>9} {'greedy same':>12} {'s':>5}  policy (SmolLM2's)")
     with tempfile.TemporaryDirectory() as scratch:

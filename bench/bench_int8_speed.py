@@ -105,7 +105,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for name in args.models:
             model, tokenizer = mlx_lm.load(str(_model_dir(name, Path(scratch))))[:2]
-            use_kernels(model, int8=True)  # every layer but the head: the ones a mode sets
+            use_kernels(model, int8=True)  # every layer, the head too: the ones a mode sets
             ids: list[int] = tokenizer.encode((PROSE + CODE) * 2)[:500]
             _bench(name, model, ids, args.rounds)
 

@@ -69,7 +69,8 @@ def test_mode_selection() -> None:
 @pytest.mark.parametrize("fused", [False, True])
 def test_int8_batch_rounds_only_calls_of_many_rows(fused: bool) -> None:
     """`int8-batch`: a one-row call is bit for bit the float mode's, a call of 2+ rows (a
-    batched decode step, a prompt chunk) bit for bit the int8 mode's; the head stays float."""
+    batched decode step, a prompt chunk) bit for bit the int8 mode's; the head rounds as the
+    layers do."""
     x = mx.random.normal((4, 1, 128), key=mx.random.key(3))
     outputs: dict[str, list[np.ndarray]] = {}
     for mode in ("float", "int8", "int8-batch"):
@@ -77,8 +78,9 @@ def test_int8_batch_rounds_only_calls_of_many_rows(fused: bool) -> None:
         layers = [nn.QuantizedLinear(128, n, bias=False) for n in (96, 32)]
         head = nn.QuantizedEmbedding(64, 128)
         model = nn.Sequential(*layers, head)
-        use_kernels(model, threads=2, int8=int8_min_rows({"EXO_CPU_KERNELS": mode}) or False)
-        assert head.int8_min_rows is None
+        min_rows = int8_min_rows({"EXO_CPU_KERNELS": mode})
+        use_kernels(model, threads=2, int8=min_rows or False)
+        assert head.int8_min_rows == min_rows
         joined = fuse_linears(layers)
         assert joined is not None
 

@@ -12,7 +12,7 @@ does not dequantize every layer again, where that pays (`kept_dense_pays`: not o
 EXO_CPU_KERNELS=auto (default): `int8` where the CPU has AVX-512 VNNI, `float` elsewhere.
 EXO_CPU_KERNELS=float: float32 activations, exact up to summation order.
 EXO_CPU_KERNELS=int8: activations rounded to int8 per 32 values and integer dot products
-(llama.cpp's way; VNNI where the CPU has it) in every layer but the output head, on every call:
+(llama.cpp's way; VNNI where the CPU has it) in every layer, the output head too, on every call:
 a row reads the same alone and in a batch, and a prompt the same whatever its chunks (int8
 calls never take dequantize + BLAS, `blas_pays`), so greedy text depends on neither.
 It is held to an accuracy policy instead of bit-exactness (`activation_accuracy`,
@@ -390,15 +390,16 @@ def use_kernels(
     else:
         min_rows = max(1, int8)
     switched = 0
-    for name, m in model.named_modules():
+    for _, m in model.named_modules():
         kind: Any = type(m)
         if kind in _KERNEL_CLASS and _supported(m):
             m["scales"], m["biases"] = compact_scales(m["scales"], m["biases"])
             mx.eval(m["scales"], m["biases"])  # a layer at a time: no lazy float32 copies held
             m.implicit_bias = implied_q4_0_bias(m)  # kept for the dense paths, not read
             m.__class__ = _KERNEL_CLASS[kind]
-            # A plain attribute, not a parameter. The output head keeps float activations:
-            # its rounding would flip near-tied argmaxes directly (SmolLM2 greedy text).
-            m.int8_min_rows = None if _is_head(name, m) else min_rows
+            # A plain attribute, not a parameter. The output head rounds too, as llama.cpp's
+            # does: SmolLM2's top-1 agreement with float 0.977 -> 0.968 on prose, and the 1B's
+            # 49152-wide head 2x faster (8.3 ms less an 8-stream step, 2.2 ms a one-stream one).
+            m.int8_min_rows = min_rows
             switched += 1
     return switched
