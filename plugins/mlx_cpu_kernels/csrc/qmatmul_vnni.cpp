@@ -82,20 +82,19 @@ EXO_VNNI inline __m512 load16(const T* s, int64_t count) {
   }
 }
 
+// Each lane's block within a unit (0 or 1): the index that spreads a unit's two per-block values.
+EXO_VNNI inline __m512i block_lanes() {
+  return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+}
+
 // The scale of each lane in unit u (64 weights) of a row whose scales start at sr.
 template <int GS, class T>
 EXO_VNNI inline __m512 unit_scale(const T* sr, int64_t u) {
   if constexpr (GS == 32) {
-    const __m512i lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
-    return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(two_scales(sr + 2 * u)));
+    return _mm512_permutexvar_ps(block_lanes(), _mm512_castps128_ps512(two_scales(sr + 2 * u)));
   } else {
     return _mm512_set1_ps(scale_at(sr, u * 64 / GS));
   }
-}
-
-// Each lane's block within a unit (0 or 1): the index that spreads a unit's two per-block values.
-EXO_VNNI inline __m512i block_lanes() {
-  return _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
 }
 
 // Two 32-bit words (a unit's two starts or two dx) in the low lanes of a vector.
