@@ -73,11 +73,20 @@ def test_master_failover_keeps_instances_and_serving(tmp_path: Path) -> None:
         cluster.stop(master)
         cluster.wait(lambda: len(cluster.masters()) == 1, timeout=5)
         print(f"new master after {time.monotonic() - started:.2f}s")
-        cluster.wait(cluster.converged)
+        # The new master records its term in the log after it takes over: the nodes can agree
+        # on the state that still names the old one for a moment first.
+        cluster.wait(lambda: cluster.converged() and _master_term(cluster) > old_term)
         state = cluster.masters()[0].node.state
         assert state.master is not None and state.master.term > old_term
         assert instance_id in state.instances, "failover must not lose instances"
         assert holder.call(_echo, holder, "still here") == "echo: still here"
+
+
+def _master_term(cluster: RunningCluster) -> int:
+    """The term the master's own state records for its master (-1: none, or no master)."""
+    masters = cluster.masters()
+    master = masters[0].node.state.master if masters else None
+    return master.term if master is not None else -1
 
 
 def test_a_minority_commits_nothing_and_the_majority_goes_on(tmp_path: Path) -> None:

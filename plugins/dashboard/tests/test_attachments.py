@@ -60,8 +60,10 @@ def test_images_attach_to_a_chat_with_a_vision_model(
     expect(page.locator(".message.assistant .markdown").last).to_have_text("echo: what is this?")
     expect(page.locator(".message.user").last.locator(".thumbs img")).to_have_count(1)
     expect(page.locator("#attachments")).to_be_hidden()
-    # The next message carries the image again (it is part of the conversation).
+    # The next message carries the image again (it is part of the conversation). The reply's
+    # text shows before its stream has ended; Enter sends once the send button is back.
     page.fill("#prompt", "and now?")
+    expect(page.locator("#send")).to_be_visible()
     with page.expect_request("**/v1/chat/completions") as again:
         page.keyboard.press("Enter")
     history = json.loads(again.value.post_data or "{}")["messages"]

@@ -183,6 +183,27 @@ def test_a_long_prompt_shows_its_prefill_progress_before_the_answer(
     watched.assert_clean()
 
 
+def test_what_is_typed_while_a_reply_streams_waits_in_the_box(
+    node: RunningNode, open_page: OpenPage
+) -> None:
+    watched = open_page(node.url)
+    page = watched.page
+    page.goto(f"{node.url}/#chat")
+    page.select_option("#chat-model", "scripted-echo")
+    page.fill("#prompt", " ".join(["word"] * 60))  # echoed a word each 0.05 s: ~3 s
+    page.keyboard.press("Enter")
+    expect(page.locator("#stop")).to_be_visible()
+    page.fill("#prompt", "next question")
+    page.keyboard.press("Enter")  # still streaming: not sent, and not thrown away
+    expect(page.locator("#prompt")).to_have_value("next question")
+    expect(page.locator(".message.user")).to_have_count(1)
+    expect(page.locator("#send")).to_be_visible(timeout=30_000)
+    page.keyboard.press("Enter")
+    expect(page.locator(".message.user")).to_have_count(2)
+    expect(page.locator(".message.user").last).to_contain_text("next question")
+    watched.assert_clean()
+
+
 def test_each_instance_shows_where_its_prompts_go(node: RunningNode, open_page: OpenPage) -> None:
     """Issue 25: the operator sees which nodes read the prompts sent to a model (and a pin)."""
     for instance_id in httpx.get(f"{node.url}/state/instances").json():

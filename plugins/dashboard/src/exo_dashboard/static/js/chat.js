@@ -302,6 +302,7 @@ export function setupChat() {
   const form = document.getElementById("composer");
   form.addEventListener("submit", (event) => {
     event.preventDefault();
+    if (running) return; // a reply still streams: what was typed waits in the box, not lost
     const text = prompt.value;
     prompt.value = "";
     send(text);
