@@ -79,6 +79,14 @@ def browser() -> Iterator[Browser]:
 OpenPage = Callable[..., WatchedPage]
 
 
+def open_chat(open_page: OpenPage, url: str, model: str) -> WatchedPage:
+    """A watched page on the chat view of the node at `url`, with `model` picked."""
+    watched = open_page(url)
+    watched.page.goto(f"{url}/#chat")
+    watched.page.select_option("#chat-model", model)
+    return watched
+
+
 @pytest.fixture
 def open_page(browser: Browser) -> Iterator[OpenPage]:
     """open_page(origin, viewport=DESKTOP) -> WatchedPage, each in a fresh browser context."""

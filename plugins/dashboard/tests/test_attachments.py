@@ -14,7 +14,7 @@ from playwright.sync_api import FilePayload, expect
 
 from exo_core.testing.harness import RunningNode
 
-from .conftest import OpenPage
+from .conftest import OpenPage, open_chat
 from .firefox import firefox, firefox_path
 from .support import IMAGE_MODEL, RECEIVED, VISION_MODEL, png
 
@@ -28,10 +28,8 @@ def _file(name: str, data: bytes, mime: str = "image/png") -> FilePayload:
 def test_images_attach_to_a_chat_with_a_vision_model(
     node: RunningNode, open_page: OpenPage
 ) -> None:
-    watched = open_page(node.url)
+    watched = open_chat(open_page, node.url, "scripted-echo")
     page = watched.page
-    page.goto(f"{node.url}/#chat")
-    page.select_option("#chat-model", "scripted-echo")
     expect(page.locator("#attach-button")).to_be_disabled()
     page.select_option("#chat-model", VISION_MODEL)
     expect(page.locator("#attach-button")).to_be_enabled()

@@ -11,17 +11,15 @@ from playwright.sync_api import expect
 from exo_core.testing.harness import RunningNode
 from exo_core.testing.processes import wait_until
 
-from .conftest import OpenPage
+from .conftest import OpenPage, open_chat
 from .support import HUGE_MODEL, IMAGE_MODEL, RECEIVED
 
 
 def test_thinking_is_collapsed_and_conversations_switch(
     node: RunningNode, open_page: OpenPage
 ) -> None:
-    watched = open_page(node.url)
+    watched = open_chat(open_page, node.url, "scripted-thinker")
     page = watched.page
-    page.goto(f"{node.url}/#chat")
-    page.select_option("#chat-model", "scripted-thinker")
     page.fill("#prompt", "hello **there**")
     page.keyboard.press("Enter")
     reply = page.locator(".message.assistant").last
@@ -151,10 +149,8 @@ def test_the_page_applies_events_as_the_node_does(node: RunningNode, open_page: 
 def test_a_long_prompt_shows_its_prefill_progress_before_the_answer(
     node: RunningNode, open_page: OpenPage
 ) -> None:
-    watched = open_page(node.url)
+    watched = open_chat(open_page, node.url, "scripted-echo")
     page = watched.page
-    page.goto(f"{node.url}/#chat")
-    page.select_option("#chat-model", "scripted-echo")
     # Every state of the reply, as the page draws it: the progress shows only for moments.
     page.evaluate(
         """() => {
@@ -186,10 +182,8 @@ def test_a_long_prompt_shows_its_prefill_progress_before_the_answer(
 def test_what_is_typed_while_a_reply_streams_waits_in_the_box(
     node: RunningNode, open_page: OpenPage
 ) -> None:
-    watched = open_page(node.url)
+    watched = open_chat(open_page, node.url, "scripted-echo")
     page = watched.page
-    page.goto(f"{node.url}/#chat")
-    page.select_option("#chat-model", "scripted-echo")
     page.fill("#prompt", " ".join(["word"] * 60))  # echoed a word each 0.05 s: ~3 s
     page.keyboard.press("Enter")
     expect(page.locator("#stop")).to_be_visible()
