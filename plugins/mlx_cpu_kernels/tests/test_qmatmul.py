@@ -148,7 +148,17 @@ def test_int8_activations_keep_batch_dims_and_agree_across_threads() -> None:
     ("bits", "group_size", "k"),
     # 4 bits at every group size (AVX-512 folds two groups of 32 into one vector), and a width
     # that 64 does not divide (352: 4 bits take the AVX2 path on every CPU, 8 bits AVX-512).
-    [(4, 32, 384), (4, 64, 384), (4, 128, 384), (4, 32, 352), (8, 32, 352), (8, 64, 384)],
+    # 576 and 1216: VNNI's superblocks of 512 and units of 64 after them (384: units alone).
+    [
+        (4, 32, 384),
+        (4, 64, 384),
+        (4, 128, 384),
+        (4, 32, 352),
+        (8, 32, 352),
+        (8, 64, 384),
+        (4, 32, 576),
+        (4, 64, 1216),
+    ],
 )
 def test_rows_give_the_same_bits_alone_and_in_a_batch(
     path: str, bits: int, group_size: int, k: int, int8: bool
@@ -196,14 +206,17 @@ def test_many_rows_give_each_row_its_own_bits(path: str, bits: int, group_size: 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 6, 45])  # one row; a block of 4 and a tail; 11 blocks + 1
 @pytest.mark.parametrize("half", [False, True])  # float16 scales are read in place
-def test_vnni_int8_equals_the_avx2_int8_kernel(group_size: int, rows: int, half: bool) -> None:
+@pytest.mark.parametrize("k", [512, 1408])  # superblocks of 512 alone; and 2 + 6 units of 64
+def test_vnni_int8_equals_the_avx2_int8_kernel(
+    group_size: int, rows: int, half: bool, k: int
+) -> None:
     """The VNNI kernel computes the AVX2 int8 kernel's integers (centred weights against the
     same int8 x) and differs only in the order of the float sums after: within 1e-5 of the
     largest output of it, and both within the int8 path's definition."""
-    wq, scales, biases = _quantized(203, 512, group_size, 4)  # 203: a tail of 3 weight rows
+    wq, scales, biases = _quantized(203, k, group_size, 4)  # 203: a tail of 3 weight rows
     if half:
         scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
-    x = mx.random.normal((rows, 512), key=mx.random.key(rows + 100)) * 3
+    x = mx.random.normal((rows, k), key=mx.random.key(rows + 100)) * 3
     x = mx.concatenate([mx.zeros((rows, 32)), x[:, 32:]], axis=1)  # an all-zero block: dx = 0
     vnni = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, 4, True))
     kernels.force_no_vnni(True)
@@ -217,6 +230,18 @@ def test_vnni_int8_equals_the_avx2_int8_kernel(group_size: int, rows: int, half:
     s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
     expected, _ = _int8_reference(x, wq, s32, b32, group_size, 4)
     np.testing.assert_allclose(vnni, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not kernels.vnni(), reason="this CPU has no AVX-512 VNNI")
+def test_vnni_one_row_over_large_weights_gives_its_bits_in_a_batch() -> None:
+    """A one-row call over 16 MB of weights streams them a row at a time (`kStreamBytes`),
+    a batch through transposed tiles, 2 rows of x against 4 weight rows: the same bits."""
+    wq, scales, biases = _quantized(16387, 2048, 32, 4)  # 16 MB, and a tail of 3 rows
+    x = mx.random.normal((3, 2048), key=mx.random.key(3))
+    batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 32, 4, True))
+    for row in range(3):
+        alone = kernels.quantized_matmul(x[row : row + 1], wq, scales, biases, 32, 4, True)
+        np.testing.assert_array_equal(np.array(alone)[0], batch[row])
 
 
 def test_forcing_avx2_turns_vnni_off() -> None:
