@@ -173,8 +173,18 @@ EXO_VNNI __attribute__((always_inline)) inline void finish(
   for (int r = 0; r < R; ++r) {
     const __m512 dv = _mm512_loadu_ps(dr[r] + 16 * at);
     for (int j = 0; j < W; ++j)
-      total[j][r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[j][r]), dv), sv[j], total[j][r]);
+      total[j][r] =
+          _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[j][r]), dv), sv[j], total[j][r]);
   }
+}
+
+// Bytes [offset, offset + bytes) of the weight row kAhead rows after row n (packed at `row`),
+// into L2, where there is one.
+inline void prefetch_ahead(
+    const Problem& p, const uint8_t* row, int64_t n, int64_t offset, int64_t bytes) {
+  if (n + kAhead >= p.N) return;
+  const char* at = reinterpret_cast<const char*>(row + kAhead * (p.K / 2) + offset);
+  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
 }
 
 // Where the weight rows of a block come from: a thread's buffer that `transpose_rows` filled
@@ -219,9 +229,7 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles&
     __m512i read[W][4];  // the superblock transposed here (no tiles)
     if (!tiles.at)
       for (int j = 0; j < W; ++j) {
-        if (n + j + kAhead < p.N)
-          for (int line = 0; line < 4; ++line)
-            _mm_prefetch(reinterpret_cast<const char*>(wr[j] + kAhead * row_bytes + offset + 64 * line), _MM_HINT_T1);
+        prefetch_ahead(p, wr[j], n + j, offset, kSuper / 2);
         load_super(wr[j] + offset, read[j]);
       }
     __m512i acc[W][R];
@@ -252,8 +260,7 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles&
     __m512i wv[W];
     __m512 sv[W];
     for (int j = 0; j < W; ++j) {
-      if (!tiles.at && n + j + kAhead < p.N)
-        _mm_prefetch(reinterpret_cast<const char*>(wr[j] + kAhead * row_bytes + unit * (kUnit / 2)), _MM_HINT_T1);
+      if (!tiles.at) prefetch_ahead(p, wr[j], n + j, unit * (kUnit / 2), kUnit / 2);
       wv[j] = nibbles64(wr[j] + unit * (kUnit / 2));
       sv[j] = unit_scale<GS>(sr[j], unit);
     }
@@ -288,7 +295,8 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles&
 
 // Rows [m0, m0 + R) of x against weight rows [n0, n1): 4 at a time, then one by one.
 template <int GS, int R, class T>
-EXO_VNNI inline void weight_rows(const Problem& p, int64_t n0, int64_t n1, int64_t m0, const Tiles& tiles) {
+EXO_VNNI inline void weight_rows(
+    const Problem& p, int64_t n0, int64_t n1, int64_t m0, const Tiles& tiles) {
   int64_t n = n0;
   for (; n + 4 <= n1; n += 4) block<GS, 4, R, T>(p, n, m0, tiles);
   for (; n < n1; ++n) block<GS, 1, R, T>(p, n, m0, tiles);
@@ -333,11 +341,10 @@ template <int GS, class T>
 EXO_VNNI void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   if (p.M == 1) {
     // One row of x: each weight row is read once, transposed in registers.
-    if (streams_one_row_at_a_time(p)) {
+    if (streams_one_row_at_a_time(p))
       for (int64_t n = n0; n < n1; ++n) block<GS, 1, 1, T>(p, n, 0, Tiles{});
-    } else {
-      for (int64_t nb = n0; nb < n1; nb += 8) weight_rows<GS, 1, T>(p, nb, std::min(n1, nb + 8), 0, Tiles{});
-    }
+    else
+      weight_rows<GS, 1, T>(p, n0, n1, 0, Tiles{});
     return;
   }
   const Layout layout(p.K);
