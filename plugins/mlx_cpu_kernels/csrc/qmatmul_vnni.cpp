@@ -54,7 +54,8 @@ bool vnni_available() {
 }
 
 bool vnni_takes(const Problem& p) {
-  return p.int8 && p.bits == 4 && p.K % 64 == 0 && !p.dequantize && vnni_available();
+  return p.int8 && (p.bits == 4 || p.bits == 8) && p.K % 64 == 0 && !p.dequantize &&
+      vnni_available();
 }
 
 #ifdef EXO_X86
@@ -183,8 +184,34 @@ EXO_VNNI __attribute__((always_inline)) inline void finish(
 inline void prefetch_ahead(
     const Problem& p, const uint8_t* row, int64_t n, int64_t offset, int64_t bytes) {
   if (n + kAhead >= p.N) return;
-  const char* at = reinterpret_cast<const char*>(row + kAhead * (p.K / 2) + offset);
+  const char* at = reinterpret_cast<const char*>(row + kAhead * (p.K * p.bits / 8) + offset);
   for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
+}
+
+// Outputs [m0, m0 + R) x [n, n + W): each lane total plus the bias term
+// sum_g (bias + c scale) xsum_g (c = 2^(bits - 1), the centring), 16 groups a vector.
+template <int W, int R, class T>
+EXO_VNNI __attribute__((always_inline)) inline void store_outputs(
+    const Problem& p, int64_t n, int64_t m0, const T* const (&sr)[W], const T* const (&br)[W],
+    const __m512 (&total)[W][R]) {
+  const __m512 c = _mm512_set1_ps(static_cast<float>(1 << (p.bits - 1)));
+  __m512 bias[W][R];
+  for (int j = 0; j < W; ++j)
+    for (int r = 0; r < R; ++r) bias[j][r] = _mm512_setzero_ps();
+  // Q4_0 (`implicit_bias`): bias + 8 scale is 0 in every group: neither read nor summed.
+  for (int64_t g = 0; g < (p.implicit_bias ? 0 : p.G); g += 16) {
+    const int64_t count = std::min<int64_t>(16, p.G - g);
+    __m512 xs[R];
+    for (int r = 0; r < R; ++r) xs[r] = load16(p.xsum + (m0 + r) * p.G + g, count);
+    for (int j = 0; j < W; ++j) {
+      const __m512 b =
+          _mm512_add_ps(load16(br[j] + g, count), _mm512_mul_ps(c, load16(sr[j] + g, count)));
+      for (int r = 0; r < R; ++r) bias[j][r] = _mm512_fmadd_ps(b, xs[r], bias[j][r]);
+    }
+  }
+  for (int j = 0; j < W; ++j)
+    for (int r = 0; r < R; ++r)
+      p.out[(m0 + r) * p.N + n + j] = hsum512(_mm512_add_ps(total[j][r], bias[j][r]));
 }
 
 // Where the weight rows of a block come from: a thread's buffer that `transpose_rows` filled
@@ -272,25 +299,71 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles&
     }
     finish(dr, layout.supers + t, sv, acc, total);
   }
-  // sum_g (bias + 8 scale) xsum_g, 16 groups a vector (a tail masked to 0).
-  const __m512 eight = _mm512_set1_ps(8.0f);
-  __m512 bias[W][R];
+  store_outputs(p, n, m0, sr, br, total);
+}
+
+// 8-bit layers: 64 weights (two blocks) a `vpdpbusd`, the unsigned codes against x in the int8
+// path's order (8 bits: as it is), lanes 0-7 block 0's, 8-15 block 1's; the centring (q - 128)
+// in each block's first lane's start, -128 * the sum of its int8 values (p.qc: two a unit). The
+// float work is per unit: such layers are few (a GGUF's Q8_0 output head, SmolLM2's), and the
+// one-row calls they take are bound by reading 8 bits a weight. The AVX2 int8 kernel took 24 %
+// of a SmolLM2 decode step on the head.
+EXO_VNNI inline __m512i unit8_lanes() {
+  return _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+}
+
+template <int GS, class T>
+EXO_VNNI inline __m512 unit8_scale(const T* sr, int64_t u) {
+  if constexpr (GS == 32)
+    return _mm512_permutexvar_ps(unit8_lanes(), _mm512_castps128_ps512(two_scales(sr + 2 * u)));
+  else
+    return _mm512_set1_ps(scale_at(sr, u * kUnit / GS));
+}
+
+// Two 32-bit words (a unit's two starts or two dx) in the low lanes of a vector.
+template <class V>
+EXO_VNNI inline __m512i two_words(const V* at) {
+  return _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
+}
+
+template <int GS, int W, int R, class T>
+EXO_VNNI inline void block8(const Problem& p, int64_t n, int64_t m0) {
+  const int64_t units = p.K / kUnit;
+  const uint8_t* wr[W];
+  const T* sr[W];
+  const T* br[W];
+  for (int j = 0; j < W; ++j) {
+    wr[j] = reinterpret_cast<const uint8_t*>(p.w) + (n + j) * p.K;
+    sr[j] = scales_of<T>(p) + (n + j) * p.G;
+    br[j] = p.implicit_bias ? nullptr : biases_of<T>(p) + (n + j) * p.G;
+  }
+  const __m512i lanes = unit8_lanes();
+  __m512 total[W][R];
   for (int j = 0; j < W; ++j)
-    for (int r = 0; r < R; ++r) bias[j][r] = _mm512_setzero_ps();
-  // Q4_0 (`implicit_bias`): bias + 8 scale is 0 in every group, the term 0: neither read nor summed.
-  for (int64_t g = 0; g < (p.implicit_bias ? 0 : p.G); g += 16) {
-    const int64_t count = std::min<int64_t>(16, p.G - g);
-    __m512 xs[R];
-    for (int r = 0; r < R; ++r) xs[r] = load16(p.xsum + (m0 + r) * p.G + g, count);
+    for (int r = 0; r < R; ++r) total[j][r] = _mm512_setzero_ps();
+  for (int64_t u = 0; u < units; ++u) {
+    __m512i wv[W];
+    __m512 sv[W];
     for (int j = 0; j < W; ++j) {
-      const __m512 b =
-          _mm512_add_ps(load16(br[j] + g, count), _mm512_mul_ps(eight, load16(sr[j] + g, count)));
-      for (int r = 0; r < R; ++r) bias[j][r] = _mm512_fmadd_ps(b, xs[r], bias[j][r]);
+      prefetch_ahead(p, wr[j], n + j, kUnit * u, kUnit);
+      wv[j] = _mm512_loadu_si512(wr[j] + kUnit * u);
+      sv[j] = unit8_scale<GS>(sr[j], u);
+    }
+    for (int r = 0; r < R; ++r) {
+      const int64_t m = m0 + r;
+      const __m512i xv = _mm512_loadu_si512(p.qx + m * p.K + kUnit * u);
+      const __m512i start =
+          _mm512_maskz_permutexvar_epi32(0x0101, lanes, two_words(p.qc + (m * units + u) * 2));
+      const __m512 dv = _mm512_permutexvar_ps(
+          lanes, _mm512_castsi512_ps(two_words(p.dx + m * (p.K / 32) + 2 * u)));
+      for (int j = 0; j < W; ++j) {
+        const __m512i dot = _mm512_dpbusd_epi32(start, wv[j], xv);
+        total[j][r] =
+            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), dv), sv[j], total[j][r]);
+      }
     }
   }
-  for (int j = 0; j < W; ++j)
-    for (int r = 0; r < R; ++r)
-      p.out[(m0 + r) * p.N + n + j] = hsum512(_mm512_add_ps(total[j][r], bias[j][r]));
+  store_outputs(p, n, m0, sr, br, total);
 }
 
 // Rows [m0, m0 + R) of x against weight rows [n0, n1): 4 at a time, then one by one.
@@ -367,8 +440,36 @@ EXO_VNNI void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
+// 8-bit layers: weight rows in batches of 8 against every row of a tile of x, 4 x 4 at a time.
+template <int GS, class T>
+EXO_VNNI void rows8_gs(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t x_row_bytes = p.K + p.K / kUnit * 8 + p.K / 32 * 4;
+  const int64_t tile = std::max<int64_t>(4, kTileBytes / x_row_bytes / 4 * 4);
+  for (int64_t t0 = 0; t0 < p.M; t0 += tile) {
+    const int64_t t1 = std::min(p.M, t0 + tile);
+    for (int64_t nb = n0; nb < n1; nb += 8) {
+      const int64_t nb1 = std::min(n1, nb + 8);
+      for (int64_t m = t0; m < t1;) {
+        const bool four = m + 4 <= t1;
+        int64_t n = nb;
+        for (; n + 4 <= nb1; n += 4) four ? block8<GS, 4, 4, T>(p, n, m) : block8<GS, 4, 1, T>(p, n, m);
+        for (; n < nb1; ++n) four ? block8<GS, 1, 4, T>(p, n, m) : block8<GS, 1, 1, T>(p, n, m);
+        m += four ? 4 : 1;
+      }
+    }
+  }
+}
+
 template <class T>
 void rows_t(const Problem& p, int64_t n0, int64_t n1) {
+  if (p.bits == 8) {
+    switch (p.group_size) {
+      case 32: rows8_gs<32, T>(p, n0, n1); break;
+      case 64: rows8_gs<64, T>(p, n0, n1); break;
+      default: rows8_gs<128, T>(p, n0, n1); break;
+    }
+    return;
+  }
   switch (p.group_size) {
     case 32: rows_gs<32, T>(p, n0, n1); break;
     case 64: rows_gs<64, T>(p, n0, n1); break;
@@ -428,6 +529,19 @@ V* scratch(std::vector<V>& store, int64_t count) {
 }  // namespace
 
 void compute_vnni(Problem p, void (*run)(const Problem&)) {
+  if (p.bits == 8) {
+    // x as it is; per unit of 64 its two blocks' starts, -128 * the sum of their values.
+    thread_local std::vector<int32_t> starts_store;
+    int32_t* starts = scratch(starts_store, p.M * p.K / 32);
+    for (int64_t b = 0; b < p.M * p.K / 32; ++b) {
+      int32_t sum = 0;
+      for (int i = 0; i < 32; ++i) sum += p.qx[32 * b + i];
+      starts[b] = -128 * sum;
+    }
+    p.qc = starts;
+    run(p);
+    return;
+  }
   thread_local std::vector<int8_t> qv_store;
   thread_local std::vector<int32_t> qc_store;
   thread_local std::vector<float> dl_store;

@@ -206,29 +206,33 @@ def test_many_rows_give_each_row_its_own_bits(path: str, bits: int, group_size: 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 6, 45])  # one row; a block of 4 and a tail; 11 blocks + 1
 @pytest.mark.parametrize("half", [False, True])  # float16 scales are read in place
-@pytest.mark.parametrize("k", [512, 1408])  # superblocks of 512 alone; and 2 + 6 units of 64
+@pytest.mark.parametrize(
+    ("bits", "k"),
+    # 4 bits: superblocks of 512 alone; 2 superblocks + 6 units of 64. 8 bits: units of 64.
+    [(4, 512), (4, 1408), (8, 1408)],
+)
 def test_vnni_int8_equals_the_avx2_int8_kernel(
-    group_size: int, rows: int, half: bool, k: int
+    group_size: int, rows: int, half: bool, bits: int, k: int
 ) -> None:
     """The VNNI kernel computes the AVX2 int8 kernel's integers (centred weights against the
     same int8 x) and differs only in the order of the float sums after: within 1e-5 of the
     largest output of it, and both within the int8 path's definition."""
-    wq, scales, biases = _quantized(203, k, group_size, 4)  # 203: a tail of 3 weight rows
+    wq, scales, biases = _quantized(203, k, group_size, bits)  # 203: a tail of 3 weight rows
     if half:
         scales, biases = scales.astype(mx.float16), biases.astype(mx.float16)
     x = mx.random.normal((rows, k), key=mx.random.key(rows + 100)) * 3
     x = mx.concatenate([mx.zeros((rows, 32)), x[:, 32:]], axis=1)  # an all-zero block: dx = 0
-    vnni = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, 4, True))
+    vnni = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, bits, True))
     kernels.force_no_vnni(True)
     try:
         assert not kernels.vnni()
-        avx2 = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, 4, True))
+        avx2 = np.array(kernels.quantized_matmul(x, wq, scales, biases, group_size, bits, True))
     finally:
         kernels.force_no_vnni(False)
     assert kernels.vnni()
     np.testing.assert_allclose(vnni, avx2, rtol=0, atol=1e-5 * np.abs(avx2).max())
     s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
-    expected, _ = _int8_reference(x, wq, s32, b32, group_size, 4)
+    expected, _ = _int8_reference(x, wq, s32, b32, group_size, bits)
     np.testing.assert_allclose(vnni, expected, rtol=1e-4, atol=1e-3)
 
 
