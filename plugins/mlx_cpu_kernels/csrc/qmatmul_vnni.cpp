@@ -1,5 +1,5 @@
 // 4-bit weights x int8 activations on AVX-512 VNNI (`vpdpbusd`), where the CPU has it: llama.cpp's
-// Q4_0 x Q8_0 way, on MLX's affine layout.
+// Q4_0 x Q8_0 way, on MLX's affine layout. 8-bit layers: qmatmul_vnni8.cpp; shared parts: vnni.h.
 //
 // The int8 path (qmatmul.cpp) rounds x to int8 per block of 32 (dx = max|x| / 127) and computes,
 // per block b of weight row n, the integer dot product of the centred weights (q - 8) with the
@@ -27,11 +27,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <new>
 #include <vector>
 
-#include "kernels.h"
+#include "vnni.h"
 
 namespace exo_kernels {
 
@@ -59,36 +57,22 @@ bool vnni_takes(const Problem& p) {
 }
 
 #ifdef EXO_X86
-#define EXO_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 
 namespace {
 
-// Weight rows prefetched ahead by the kernels (a decode step's rows are too short for the
-// hardware prefetcher to run ahead), into L2, not L1: a core has few L1 miss buffers, and
-// prefetches held there starved the loads. One row, 1 thread, 1B shapes streamed from memory:
-// 8.4-12 GB/s a CPU-second with L1 prefetches, 12-15.5 into L2 (as llama.cpp's ~13.5 a core).
-constexpr int64_t kAhead = 8;
-
-// Up to 16 scales or biases from s (the rest of the vector 0), widened to float32 (exact).
-template <class T>
-EXO_VNNI inline __m512 load16(const T* s, int64_t count) {
-  const __mmask16 mask = count >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << count) - 1);
-  if constexpr (std::is_same_v<T, float>) {
-    return _mm512_maskz_loadu_ps(mask, s);
-  } else {
-    const __m256i h = _mm256_maskz_loadu_epi16(mask, s);
-    if constexpr (std::is_same_v<T, F16>)
-      return _mm512_cvtph_ps(h);
-    else
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-  }
-}
+using vnni::hsum512;
+using vnni::kAhead;
+using vnni::kTileBytes;
+using vnni::kUnit;
+using vnni::load16;
+using vnni::prefetch_ahead;
+using vnni::scratch;
+using vnni::store_outputs;
 
 // A superblock: 16 blocks of 32 weights, 256 packed bytes of a row. Transposed, its lane
 // L = 4 b + i holds block 4 i + b (`lane_block`). A unit: 64 weights (two blocks), 32 bytes.
 constexpr int64_t kSuper = 512;
 constexpr int kSuperBlocks = 16;
-constexpr int64_t kUnit = 64;
 constexpr int lane_block(int lane) {
   return 4 * (lane % 4) + lane / 4;
 }
@@ -159,12 +143,6 @@ EXO_VNNI inline __m512 unit_scale(const T* sr, int64_t u) {
   }
 }
 
-EXO_VNNI inline float hsum512(__m512 v) {
-  const __m256 lo = _mm512_castps512_ps256(v);
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  return hsum(_mm256_add_ps(lo, hi));
-}
-
 // The float work of a superblock or unit `at` of a row: each lane's dot product times its dx
 // and its scale, added to the lane's total.
 template <int W, int R>
@@ -179,41 +157,6 @@ EXO_VNNI __attribute__((always_inline)) inline void finish(
   }
 }
 
-// Bytes [offset, offset + bytes) of the weight row kAhead rows after row n (packed at `row`),
-// into L2, where there is one.
-inline void prefetch_ahead(
-    const Problem& p, const uint8_t* row, int64_t n, int64_t offset, int64_t bytes) {
-  if (n + kAhead >= p.N) return;
-  const char* at = reinterpret_cast<const char*>(row + kAhead * (p.K * p.bits / 8) + offset);
-  for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(at + line, _MM_HINT_T1);
-}
-
-// Outputs [m0, m0 + R) x [n, n + W): each lane total plus the bias term
-// sum_g (bias + c scale) xsum_g (c = 2^(bits - 1), the centring), 16 groups a vector.
-template <int W, int R, class T>
-EXO_VNNI __attribute__((always_inline)) inline void store_outputs(
-    const Problem& p, int64_t n, int64_t m0, const T* const (&sr)[W], const T* const (&br)[W],
-    const __m512 (&total)[W][R]) {
-  const __m512 c = _mm512_set1_ps(static_cast<float>(1 << (p.bits - 1)));
-  __m512 bias[W][R];
-  for (int j = 0; j < W; ++j)
-    for (int r = 0; r < R; ++r) bias[j][r] = _mm512_setzero_ps();
-  // Q4_0 (`implicit_bias`): bias + 8 scale is 0 in every group: neither read nor summed.
-  for (int64_t g = 0; g < (p.implicit_bias ? 0 : p.G); g += 16) {
-    const int64_t count = std::min<int64_t>(16, p.G - g);
-    __m512 xs[R];
-    for (int r = 0; r < R; ++r) xs[r] = load16(p.xsum + (m0 + r) * p.G + g, count);
-    for (int j = 0; j < W; ++j) {
-      const __m512 b =
-          _mm512_add_ps(load16(br[j] + g, count), _mm512_mul_ps(c, load16(sr[j] + g, count)));
-      for (int r = 0; r < R; ++r) bias[j][r] = _mm512_fmadd_ps(b, xs[r], bias[j][r]);
-    }
-  }
-  for (int j = 0; j < W; ++j)
-    for (int r = 0; r < R; ++r)
-      p.out[(m0 + r) * p.N + n + j] = hsum512(_mm512_add_ps(total[j][r], bias[j][r]));
-}
-
 // Where the weight rows of a block come from: a thread's buffer that `transpose_rows` filled
 // once for every row of x (a prompt, a batch; rows from `n0`, K / 2 bytes each, superblocks
 // transposed, units as they were), or (`at` null) the packed rows themselves, transposed in
@@ -223,9 +166,56 @@ struct Tiles {
   int64_t n0 = 0;
 };
 
-// Outputs [m0, m0 + R) x [n, n + W). T: how the scales are stored (float, F16, BF16), read in
-// place. p.qx, p.qc (starts) and p.dx: x in this kernel's layout (`compute_vnni`).
+// Superblock u of weight rows n.. (`wr`: packed, or `tiles`) against rows of x: per lane its
+// block's exact dot product (8 `vpdpbusd` from the block's start).
+template <int W, int R>
+EXO_VNNI __attribute__((always_inline)) inline void super_dots(
+    const Problem& p, int64_t n, int64_t u, const Tiles& tiles, const uint8_t* const (&wr)[W],
+    const int8_t* const (&xr)[R], const int32_t* const (&cr)[R], __m512i (&acc)[W][R]) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const int64_t offset = u * (kSuper / 2);
+  __m512i read[W][4];  // the superblock transposed here (no tiles)
+  if (!tiles.at)
+    for (int j = 0; j < W; ++j) {
+      prefetch_ahead(p, wr[j], n + j, offset, kSuper / 2);
+      load_super(wr[j] + offset, read[j]);
+    }
+  for (int r = 0; r < R; ++r) {
+    const __m512i start = _mm512_loadu_si512(cr[r] + 16 * u);
+    for (int j = 0; j < W; ++j) acc[j][r] = start;
+  }
+  for (int k = 0; k < 4; ++k) {
+    __m512i tk[W];
+    for (int j = 0; j < W; ++j)
+      tk[j] = tiles.at ? _mm512_loadu_si512(wr[j] + offset + 64 * k) : read[j][k];
+    for (int half = 0; half < 2; ++half) {
+      __m512i nib[W];
+      for (int j = 0; j < W; ++j)
+        nib[j] = _mm512_and_si512(half ? _mm512_srli_epi16(tk[j], 4) : tk[j], low);
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_loadu_si512(xr[r] + u * kSuper + 128 * k + 64 * half);
+        for (int j = 0; j < W; ++j) acc[j][r] = _mm512_dpbusd_epi32(acc[j][r], nib[j], xv);
+      }
+    }
+  }
+}
+
+// Superblock u's float work: `finish` with each weight row's scales in lane order.
 template <int GS, int W, int R, class T>
+EXO_VNNI __attribute__((always_inline)) inline void super_finish(
+    int64_t u, const T* const (&sr)[W], const float* const (&dr)[R], const __m512i (&acc)[W][R],
+    __m512 (&total)[W][R]) {
+  const __m512i lanes = scale_lanes<GS>();
+  __m512 sv[W];
+  for (int j = 0; j < W; ++j) sv[j] = super_scales<GS>(sr[j], u, lanes);
+  finish(dr, u, sv, acc, total);
+}
+
+// Outputs [m0, m0 + R) x [n, n + W). T: how the scales are stored (float, F16, BF16), read in
+// place. p.qx, p.qc (starts) and p.dx: x in this kernel's layout (`compute_vnni`). U: superblocks
+// whose dot products are computed before their float work (one weight row streamed from memory
+// takes 2: two chains of 8 `vpdpbusd` side by side); the float work stays in superblock order.
+template <int GS, int W, int R, class T, int U = 1>
 EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles& tiles) {
   const Layout layout(p.K);
   const int64_t row_bytes = p.K / 2;
@@ -246,41 +236,19 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles&
     cr[r] = p.qc + (m0 + r) * layout.lanes();
     dr[r] = p.dx + (m0 + r) * layout.lanes();
   }
-  const __m512i lanes = scale_lanes<GS>();
-  const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 total[W][R];
   for (int j = 0; j < W; ++j)
     for (int r = 0; r < R; ++r) total[j][r] = _mm512_setzero_ps();
-  for (int64_t u = 0; u < layout.supers; ++u) {
-    const int64_t offset = u * (kSuper / 2);
-    __m512i read[W][4];  // the superblock transposed here (no tiles)
-    if (!tiles.at)
-      for (int j = 0; j < W; ++j) {
-        prefetch_ahead(p, wr[j], n + j, offset, kSuper / 2);
-        load_super(wr[j] + offset, read[j]);
-      }
+  int64_t u = 0;
+  for (; u + U <= layout.supers; u += U) {
+    __m512i acc[U][W][R];
+    for (int v = 0; v < U; ++v) super_dots(p, n, u + v, tiles, wr, xr, cr, acc[v]);
+    for (int v = 0; v < U; ++v) super_finish<GS>(u + v, sr, dr, acc[v], total);
+  }
+  for (; u < layout.supers; ++u) {
     __m512i acc[W][R];
-    for (int r = 0; r < R; ++r) {
-      const __m512i start = _mm512_loadu_si512(cr[r] + 16 * u);
-      for (int j = 0; j < W; ++j) acc[j][r] = start;
-    }
-    for (int k = 0; k < 4; ++k) {
-      __m512i tk[W];
-      for (int j = 0; j < W; ++j)
-        tk[j] = tiles.at ? _mm512_loadu_si512(wr[j] + offset + 64 * k) : read[j][k];
-      for (int half = 0; half < 2; ++half) {
-        __m512i nib[W];
-        for (int j = 0; j < W; ++j)
-          nib[j] = _mm512_and_si512(half ? _mm512_srli_epi16(tk[j], 4) : tk[j], low);
-        for (int r = 0; r < R; ++r) {
-          const __m512i xv = _mm512_loadu_si512(xr[r] + u * kSuper + 128 * k + 64 * half);
-          for (int j = 0; j < W; ++j) acc[j][r] = _mm512_dpbusd_epi32(acc[j][r], nib[j], xv);
-        }
-      }
-    }
-    __m512 sv[W];
-    for (int j = 0; j < W; ++j) sv[j] = super_scales<GS>(sr[j], u, lanes);
-    finish(dr, u, sv, acc, total);
+    super_dots(p, n, u, tiles, wr, xr, cr, acc);
+    super_finish<GS>(u, sr, dr, acc, total);
   }
   for (int64_t t = 0; t < layout.units; ++t) {
     const int64_t unit = layout.supers * (kSuper / kUnit) + t;  // among the row's units of 64
@@ -298,70 +266,6 @@ EXO_VNNI inline void block(const Problem& p, int64_t n, int64_t m0, const Tiles&
       for (int j = 0; j < W; ++j) acc[j][r] = _mm512_dpbusd_epi32(start, wv[j], xv);
     }
     finish(dr, layout.supers + t, sv, acc, total);
-  }
-  store_outputs(p, n, m0, sr, br, total);
-}
-
-// 8-bit layers: 64 weights (two blocks) a `vpdpbusd`, the unsigned codes against x in the int8
-// path's order (8 bits: as it is), lanes 0-7 block 0's, 8-15 block 1's; the centring (q - 128)
-// in each block's first lane's start, -128 * the sum of its int8 values (p.qc: two a unit). The
-// float work is per unit: such layers are few (a GGUF's Q8_0 output head, SmolLM2's), and the
-// one-row calls they take are bound by reading 8 bits a weight. The AVX2 int8 kernel took 24 %
-// of a SmolLM2 decode step on the head.
-EXO_VNNI inline __m512i unit8_lanes() {
-  return _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-}
-
-template <int GS, class T>
-EXO_VNNI inline __m512 unit8_scale(const T* sr, int64_t u) {
-  if constexpr (GS == 32)
-    return _mm512_permutexvar_ps(unit8_lanes(), _mm512_castps128_ps512(two_scales(sr + 2 * u)));
-  else
-    return _mm512_set1_ps(scale_at(sr, u * kUnit / GS));
-}
-
-// Two 32-bit words (a unit's two starts or two dx) in the low lanes of a vector.
-template <class V>
-EXO_VNNI inline __m512i two_words(const V* at) {
-  return _mm512_castsi128_si512(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(at)));
-}
-
-template <int GS, int W, int R, class T>
-EXO_VNNI inline void block8(const Problem& p, int64_t n, int64_t m0) {
-  const int64_t units = p.K / kUnit;
-  const uint8_t* wr[W];
-  const T* sr[W];
-  const T* br[W];
-  for (int j = 0; j < W; ++j) {
-    wr[j] = reinterpret_cast<const uint8_t*>(p.w) + (n + j) * p.K;
-    sr[j] = scales_of<T>(p) + (n + j) * p.G;
-    br[j] = p.implicit_bias ? nullptr : biases_of<T>(p) + (n + j) * p.G;
-  }
-  const __m512i lanes = unit8_lanes();
-  __m512 total[W][R];
-  for (int j = 0; j < W; ++j)
-    for (int r = 0; r < R; ++r) total[j][r] = _mm512_setzero_ps();
-  for (int64_t u = 0; u < units; ++u) {
-    __m512i wv[W];
-    __m512 sv[W];
-    for (int j = 0; j < W; ++j) {
-      prefetch_ahead(p, wr[j], n + j, kUnit * u, kUnit);
-      wv[j] = _mm512_loadu_si512(wr[j] + kUnit * u);
-      sv[j] = unit8_scale<GS>(sr[j], u);
-    }
-    for (int r = 0; r < R; ++r) {
-      const int64_t m = m0 + r;
-      const __m512i xv = _mm512_loadu_si512(p.qx + m * p.K + kUnit * u);
-      const __m512i start =
-          _mm512_maskz_permutexvar_epi32(0x0101, lanes, two_words(p.qc + (m * units + u) * 2));
-      const __m512 dv = _mm512_permutexvar_ps(
-          lanes, _mm512_castsi512_ps(two_words(p.dx + m * (p.K / 32) + 2 * u)));
-      for (int j = 0; j < W; ++j) {
-        const __m512i dot = _mm512_dpbusd_epi32(start, wv[j], xv);
-        total[j][r] =
-            _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), dv), sv[j], total[j][r]);
-      }
-    }
   }
   store_outputs(p, n, m0, sr, br, total);
 }
@@ -393,19 +297,18 @@ EXO_VNNI void transpose_rows(const Problem& p, int64_t n0, int64_t n1, uint8_t* 
 }
 
 // A one-row call over weights of this size or more (more than the last-level cache holds for it)
-// whose rows are 1 KB or more streams them one row at a time, in memory order: 4 rows side by
-// side (sharing x's loads, 1.2-1.4x faster from cache) ran 1.3-1.8x slower there, e.g. the 1B's
-// 49152 x 2048 head 3.4-4.2 ms against 1.9-2.4, 16384 x 4096 2.56 against 1.72 (1 row of x, 2
-// threads, alternating in one process, 2026-12-06). Narrow rows (SmolLM2's 576: 4 rows are
-// 1152 contiguous bytes) keep 4 side by side: 131072 x 576, 1.31 ms against 1.73.
+// whose rows are 1 KB or more streams them one row at a time, in memory order, two superblocks
+// in flight: 4 rows side by side (sharing x's loads, 1.2-1.4x faster from cache) ran 1.3-1.8x
+// slower there. 1 row of x, 2 threads, alternating in one process, 2026-12-06, ms for 4 rows
+// side by side / one row / one row with two superblocks in flight: the 7B's gate/up 22016 x 4096
+// 2.50 / 1.75 / 1.62, its head 49152 x 4096 6.30 / 4.45 / 4.36, q/k/v 12288 x 4096 0.98 / 0.71 /
+// 0.66. Narrow rows (SmolLM2's 576: 4 rows are 1152 contiguous bytes) keep 4 side by side:
+// 131072 x 576, 1.31 ms against 1.73 one row at a time.
 constexpr int64_t kStreamBytes = 16 << 20;
 inline bool streams_one_row_at_a_time(const Problem& p) {
   return p.N * p.K / 2 >= kStreamBytes && p.K >= 2048;
 }
 
-// x's share of L2: rows of x are taken in tiles of at most this many bytes (codes, starts and
-// dx), each tile against every weight row, so a long prompt's rows are read from L2, not L3.
-constexpr int64_t kTileBytes = 512 * 1024;
 // The transposed weight rows a thread holds at once, in L1 while every row of a tile of x passes
 // them (4 to 32 rows).
 constexpr int64_t kTransposedBytes = 16 * 1024;
@@ -415,7 +318,7 @@ EXO_VNNI void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   if (p.M == 1) {
     // One row of x: each weight row is read once, transposed in registers.
     if (streams_one_row_at_a_time(p))
-      for (int64_t n = n0; n < n1; ++n) block<GS, 1, 1, T>(p, n, 0, Tiles{});
+      for (int64_t n = n0; n < n1; ++n) block<GS, 1, 1, T, 2>(p, n, 0, Tiles{});
     else
       weight_rows<GS, 1, T>(p, n0, n1, 0, Tiles{});
     return;
@@ -440,36 +343,8 @@ EXO_VNNI void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
-// 8-bit layers: weight rows in batches of 8 against every row of a tile of x, 4 x 4 at a time.
-template <int GS, class T>
-EXO_VNNI void rows8_gs(const Problem& p, int64_t n0, int64_t n1) {
-  const int64_t x_row_bytes = p.K + p.K / kUnit * 8 + p.K / 32 * 4;
-  const int64_t tile = std::max<int64_t>(4, kTileBytes / x_row_bytes / 4 * 4);
-  for (int64_t t0 = 0; t0 < p.M; t0 += tile) {
-    const int64_t t1 = std::min(p.M, t0 + tile);
-    for (int64_t nb = n0; nb < n1; nb += 8) {
-      const int64_t nb1 = std::min(n1, nb + 8);
-      for (int64_t m = t0; m < t1;) {
-        const bool four = m + 4 <= t1;
-        int64_t n = nb;
-        for (; n + 4 <= nb1; n += 4) four ? block8<GS, 4, 4, T>(p, n, m) : block8<GS, 4, 1, T>(p, n, m);
-        for (; n < nb1; ++n) four ? block8<GS, 1, 4, T>(p, n, m) : block8<GS, 1, 1, T>(p, n, m);
-        m += four ? 4 : 1;
-      }
-    }
-  }
-}
-
 template <class T>
 void rows_t(const Problem& p, int64_t n0, int64_t n1) {
-  if (p.bits == 8) {
-    switch (p.group_size) {
-      case 32: rows8_gs<32, T>(p, n0, n1); break;
-      case 64: rows8_gs<64, T>(p, n0, n1); break;
-      default: rows8_gs<128, T>(p, n0, n1); break;
-    }
-    return;
-  }
   switch (p.group_size) {
     case 32: rows_gs<32, T>(p, n0, n1); break;
     case 64: rows_gs<64, T>(p, n0, n1); break;
@@ -519,27 +394,12 @@ void prepare_x(
   }
 }
 
-// Per thread (each MLX stream calls from its own), reused across calls.
-template <class V>
-V* scratch(std::vector<V>& store, int64_t count) {
-  if (static_cast<int64_t>(store.size()) < count) store.resize(count);
-  return store.data();
-}
 
 }  // namespace
 
 void compute_vnni(Problem p, void (*run)(const Problem&)) {
   if (p.bits == 8) {
-    // x as it is; per unit of 64 its two blocks' starts, -128 * the sum of their values.
-    thread_local std::vector<int32_t> starts_store;
-    int32_t* starts = scratch(starts_store, p.M * p.K / 32);
-    for (int64_t b = 0; b < p.M * p.K / 32; ++b) {
-      int32_t sum = 0;
-      for (int i = 0; i < 32; ++i) sum += p.qx[32 * b + i];
-      starts[b] = -128 * sum;
-    }
-    p.qc = starts;
-    run(p);
+    vnni::compute8(p, run);
     return;
   }
   thread_local std::vector<int8_t> qv_store;
@@ -557,7 +417,9 @@ void compute_vnni(Problem p, void (*run)(const Problem&)) {
 }
 
 void rows_vnni(const Problem& p, int64_t n0, int64_t n1) {
-  if (p.scale_type == ScaleType::f16)
+  if (p.bits == 8)
+    vnni::rows8(p, n0, n1);
+  else if (p.scale_type == ScaleType::f16)
     rows_t<F16>(p, n0, n1);
   else if (p.scale_type == ScaleType::bf16)
     rows_t<BF16>(p, n0, n1);
