@@ -204,7 +204,7 @@ def test_many_rows_give_each_row_its_own_bits(path: str, bits: int, group_size: 
 
 @pytest.mark.skipif(not kernels.vnni(), reason="this CPU has no AVX-512 VNNI")
 @pytest.mark.parametrize("group_size", [32, 64, 128])
-@pytest.mark.parametrize("rows", [1, 6, 45])  # one row; a block of 4 and a tail; 11 blocks + 1
+@pytest.mark.parametrize("rows", [1, 6, 45])  # one row; a few; many, one left after the pairs
 @pytest.mark.parametrize("half", [False, True])  # float16 scales are read in place
 @pytest.mark.parametrize(
     ("bits", "k"),
@@ -238,8 +238,9 @@ def test_vnni_int8_equals_the_avx2_int8_kernel(
 
 @pytest.mark.skipif(not kernels.vnni(), reason="this CPU has no AVX-512 VNNI")
 def test_vnni_one_row_over_large_weights_gives_its_bits_in_a_batch() -> None:
-    """A one-row call over 16 MB of weights streams them a row at a time (`kStreamBytes`),
-    a batch through transposed tiles, 2 rows of x against 4 weight rows: the same bits."""
+    """A one-row call over 16 MB of weights streams them a row at a time, two superblocks in
+    flight (`kStreamBytes`); a batch goes through transposed tiles, 2 rows of x against 4
+    weight rows: the same bits."""
     wq, scales, biases = _quantized(16387, 2048, 32, 4)  # 16 MB, and a tail of 3 rows
     x = mx.random.normal((3, 2048), key=mx.random.key(3))
     batch = np.array(kernels.quantized_matmul(x, wq, scales, biases, 32, 4, True))
