@@ -343,15 +343,6 @@ EXO_VNNI void rows_gs(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
-template <class T>
-void rows_t(const Problem& p, int64_t n0, int64_t n1) {
-  switch (p.group_size) {
-    case 32: rows_gs<32, T>(p, n0, n1); break;
-    case 64: rows_gs<64, T>(p, n0, n1); break;
-    default: rows_gs<128, T>(p, n0, n1); break;
-  }
-}
-
 // x as the int8 path quantized it (per block of 32: its 16 even elements, then its 16 odd ones;
 // dx per block) into this kernel's `Layout`: per block its dwords where its lane reads them, its
 // start (-8 * the sum of its values: the centring of the weights' nibbles) and its dx in every
@@ -419,12 +410,9 @@ void compute_vnni(Problem p, void (*run)(const Problem&)) {
 void rows_vnni(const Problem& p, int64_t n0, int64_t n1) {
   if (p.bits == 8)
     vnni::rows8(p, n0, n1);
-  else if (p.scale_type == ScaleType::f16)
-    rows_t<F16>(p, n0, n1);
-  else if (p.scale_type == ScaleType::bf16)
-    rows_t<BF16>(p, n0, n1);
   else
-    rows_t<float>(p, n0, n1);
+    vnni::by_layout(
+        p, [&](auto gs, auto scale) { rows_gs<decltype(gs)::value, decltype(scale)>(p, n0, n1); });
 }
 #else
 void compute_vnni(Problem p, void (*run)(const Problem&)) {

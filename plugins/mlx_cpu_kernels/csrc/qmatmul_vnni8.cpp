@@ -104,22 +104,9 @@ void compute8(Problem p, void (*run)(const Problem&)) {
   run(p);
 }
 
-template <class T>
-void rows8_t(const Problem& p, int64_t n0, int64_t n1) {
-  switch (p.group_size) {
-    case 32: rows8_gs<32, T>(p, n0, n1); break;
-    case 64: rows8_gs<64, T>(p, n0, n1); break;
-    default: rows8_gs<128, T>(p, n0, n1); break;
-  }
-}
-
 void rows8(const Problem& p, int64_t n0, int64_t n1) {
-  if (p.scale_type == ScaleType::f16)
-    rows8_t<F16>(p, n0, n1);
-  else if (p.scale_type == ScaleType::bf16)
-    rows8_t<BF16>(p, n0, n1);
-  else
-    rows8_t<float>(p, n0, n1);
+  by_layout(
+      p, [&](auto gs, auto scale) { rows8_gs<decltype(gs)::value, decltype(scale)>(p, n0, n1); });
 }
 
 }  // namespace exo_kernels::vnni

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -92,6 +93,25 @@ template <class V>
 V* scratch(std::vector<V>& store, int64_t count) {
   if (static_cast<int64_t>(store.size()) < count) store.resize(count);
   return store.data();
+}
+
+// f(gs, T{}) with the layer's group size (32, 64 or 128: std::integral_constant) and how its
+// scales are stored (float, F16, BF16) as types: the kernels are compiled for each.
+template <class F>
+void by_layout(const Problem& p, F&& f) {
+  const auto with = [&](auto scale) {
+    switch (p.group_size) {
+      case 32: f(std::integral_constant<int, 32>{}, scale); break;
+      case 64: f(std::integral_constant<int, 64>{}, scale); break;
+      default: f(std::integral_constant<int, 128>{}, scale); break;
+    }
+  };
+  if (p.scale_type == ScaleType::f16)
+    with(F16{});
+  else if (p.scale_type == ScaleType::bf16)
+    with(BF16{});
+  else
+    with(float{});
 }
 
 // The 8-bit layers' kernel (qmatmul_vnni8.cpp): x as the int8 path left it (p.qx, p.dx); per
