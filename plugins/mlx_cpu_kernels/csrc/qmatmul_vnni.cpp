@@ -60,8 +60,6 @@ bool vnni_takes(const Problem& p) {
 
 namespace {
 
-using vnni::hsum512;
-using vnni::kAhead;
 using vnni::kTileBytes;
 using vnni::kUnit;
 using vnni::load16;
